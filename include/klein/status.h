@@ -1,0 +1,89 @@
+// Status values for the library boundary: every fallible call returns Status or Result<T>.
+// User input never aborts; it produces a Status with a one-line message naming what and where.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace klein {
+
+enum class Code {
+  kOk = 0,
+  kInvalidArgument,  // bad option or value given by the caller
+  kNotFound,         // missing file, tensor or key
+  kIoError,          // read/write/mmap failure
+  kFormatError,      // malformed file contents (header, JSON, shapes, dtypes)
+  kUnsupported,      // well-formed but not handled (unknown dtype, architecture)
+  kCancelled,        // the caller's cancel callback asked to stop
+  kInternal,         // a bug: an invariant of our own broke
+};
+
+const char* code_name(Code c);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return {}; }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "format error: model.safetensors: tensor 'x': ..." style one-liner.
+  std::string to_string() const;
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+inline Status invalid_argument(std::string m) { return {Code::kInvalidArgument, std::move(m)}; }
+inline Status not_found(std::string m) { return {Code::kNotFound, std::move(m)}; }
+inline Status io_error(std::string m) { return {Code::kIoError, std::move(m)}; }
+inline Status format_error(std::string m) { return {Code::kFormatError, std::move(m)}; }
+inline Status unsupported(std::string m) { return {Code::kUnsupported, std::move(m)}; }
+inline Status cancelled(std::string m) { return {Code::kCancelled, std::move(m)}; }
+inline Status internal_error(std::string m) { return {Code::kInternal, std::move(m)}; }
+
+// A value or the Status that explains why there is none.
+template <class T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace klein
+
+#define KLEIN_CONCAT_INNER(a, b) a##b
+#define KLEIN_CONCAT(a, b) KLEIN_CONCAT_INNER(a, b)
+
+// Return the Status from the enclosing function if `expr` failed.
+#define KLEIN_RETURN_IF_ERROR(expr)               \
+  do {                                            \
+    ::klein::Status klein_st_ = (expr);           \
+    if (!klein_st_.ok()) return klein_st_;        \
+  } while (0)
+
+// `KLEIN_ASSIGN_OR_RETURN(auto x, f());` — unwrap a Result or return its Status.
+#define KLEIN_ASSIGN_OR_RETURN(lhs, expr) \
+  KLEIN_ASSIGN_OR_RETURN_IMPL(KLEIN_CONCAT(klein_res_, __LINE__), lhs, expr)
+#define KLEIN_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                \
+  if (!tmp.ok()) return tmp.status();               \
+  lhs = std::move(tmp).value()

@@ -1,0 +1,56 @@
+// Storage types of weights and tensors, and scalar conversions between them.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace klein {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF64,
+  kI8,
+  kU8,
+  kI16,
+  kI32,
+  kI64,
+  kBool,
+  kF8E4M3,
+  // Quantized weight formats (engine-specific, not safetensors names).
+  kQ8Row,  // int8 per output row, float scale per row
+  kQ4G64,  // int4 affine, groups of 64 along K, float scale + min per group
+};
+
+std::string_view dtype_name(DType t);
+// Bytes per element for plain types; 0 for block/packed quantized types.
+size_t dtype_size(DType t);
+// Parses a safetensors dtype string ("F32", "BF16", ...). false if unknown.
+bool dtype_from_safetensors(std::string_view s, DType* out);
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as torch's .to(bfloat16); NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Rounds a float to the nearest bf16 value and back (used where the reference rounds to bf16).
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float f8e4m3_to_f32(uint8_t v);
+
+}  // namespace klein

@@ -1,0 +1,24 @@
+#include "klein/status.h"
+
+namespace klein {
+
+const char* code_name(Code c) {
+  switch (c) {
+    case Code::kOk: return "ok";
+    case Code::kInvalidArgument: return "invalid argument";
+    case Code::kNotFound: return "not found";
+    case Code::kIoError: return "i/o error";
+    case Code::kFormatError: return "format error";
+    case Code::kUnsupported: return "unsupported";
+    case Code::kCancelled: return "cancelled";
+    case Code::kInternal: return "internal error";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (ok()) return "ok";
+  return std::string(code_name(code_)) + ": " + message_;
+}
+
+}  // namespace klein

@@ -1,0 +1,42 @@
+// A fixed pool of worker threads for data-parallel loops. The calling thread takes part, so a
+// pool of size 1 runs everything inline with no synchronisation.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace klein {
+
+class ThreadPool {
+ public:
+  // n_threads <= 0 means std::thread::hardware_concurrency().
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+  // Calls fn(thread_index, n_threads) once on each of the pool's threads and waits for all.
+  void run(const std::function<void(int, int)>& fn);
+  // Splits [0, n) into contiguous chunks of at least `grain` items, one call fn(begin, end) per
+  // chunk, spread over the threads; waits for all.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
+
+ private:
+  void worker(int index);
+
+  int n_threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace klein

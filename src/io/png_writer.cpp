@@ -1,0 +1,71 @@
+#include "io/png_writer.h"
+
+#include <csetjmp>
+#include <png.h>
+
+#include "io/atomic_file.h"
+
+namespace klein {
+
+namespace {
+
+struct PngErr {
+  std::string msg;
+};
+
+void on_error(png_structp png, png_const_charp msg) {
+  auto* e = static_cast<PngErr*>(png_get_error_ptr(png));
+  if (e) e->msg = msg ? msg : "libpng error";
+  png_longjmp(png, 1);
+}
+void on_warning(png_structp, png_const_charp) {}
+
+// Encodes into an open FILE*; false on any libpng error (message in err).
+bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
+            const std::vector<std::pair<std::string, std::string>>& text, PngErr* err) {
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info) {
+    png_destroy_write_struct(&png, nullptr);
+    return false;
+  }
+  std::vector<png_text> chunks(text.size());
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return false;
+  }
+  png_init_io(png, f);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 8,
+               PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
+  for (size_t i = 0; i < text.size(); ++i) {
+    chunks[i] = png_text{};
+    chunks[i].compression = PNG_ITXT_COMPRESSION_NONE;
+    chunks[i].key = const_cast<char*>(text[i].first.c_str());
+    chunks[i].text = const_cast<char*>(text[i].second.c_str());
+    chunks[i].itxt_length = text[i].second.size();
+    chunks[i].lang = nullptr;
+    chunks[i].lang_key = nullptr;
+  }
+  if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
+  png_write_info(png, info);
+  for (int y = 0; y < height; ++y)
+    png_write_row(png, const_cast<png_bytep>(rgb + static_cast<size_t>(y) * width * 3));
+  png_write_end(png, info);
+  png_destroy_write_struct(&png, &info);
+  return true;
+}
+
+}  // namespace
+
+Status write_png(const std::filesystem::path& path, int width, int height, const uint8_t* rgb,
+                 const std::vector<std::pair<std::string, std::string>>& text) {
+  if (width <= 0 || height <= 0) return invalid_argument(path.string() + ": empty image");
+  PngErr err;
+  Status s = write_file_atomic(path, [&](std::FILE* f) { return encode(f, width, height, rgb, text, &err); });
+  if (!s.ok() && !err.msg.empty()) return io_error(path.string() + ": PNG encoding failed (" + err.msg + ")");
+  return s;
+}
+
+}  // namespace klein

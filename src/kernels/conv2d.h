@@ -1,0 +1,69 @@
+// 2-D convolution, NCHW float32 activations, weights [Cout, Cin, kh, kw] in any stored dtype
+// (f32/f16/bf16, and the quantized row formats through weight_row_to_f32) — the VAE's only
+// heavy op. Besides stride and (asymmetric) zero padding, the kernel can fold in the cheap
+// element-wise steps that surround every VAE conv, so no extra full-size tensor is needed:
+//   - a per-input-channel prologue  v = scale[c]·x + shift[c], optionally followed by SiLU
+//     (GroupNorm + SiLU expressed per channel), applied to in-bounds input only — the zero
+//     padding is added after it, exactly as conv(pad(silu(gn(x)))) does;
+//   - nearest-neighbour ×2 upsampling of the input (diffusers Upsample2D) before padding;
+//   - accumulation into the output (out += conv(x)), for residual adds.
+// The fast path (AVX2/FMA on x86, src/kernels/cpu/conv2d_avx2.cpp) packs im2col panels of 128
+// output pixels × 256 reduction elements straight from the input (never a full im2col matrix)
+// and multiplies them with a 6×16 register-blocked micro-kernel, writing NCHW output directly.
+// Without AVX2 a portable path (im2col in pixel blocks + kernels::linear) runs instead.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "core/weight.h"
+
+namespace klein::kernels {
+
+struct Conv2dParams {
+  int stride = 1;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  // Read the input through nearest ×2 upsampling: the conv sees a [Cin, 2H, 2W] image with
+  // up[y][x] = in[y/2][x/2]. Padding applies to the upsampled image.
+  bool upsample2x = false;
+  // Optional prologue per input channel c (both null = identity): v = in_scale[c]·x + in_shift[c]
+  // (a null in_shift means 0), then v = silu(v) when in_silu. in_silu alone applies plain SiLU.
+  const float* in_scale = nullptr;
+  const float* in_shift = nullptr;
+  bool in_silu = false;
+  // out += conv(x) + bias instead of out = conv(x) + bias.
+  bool accumulate = false;
+
+  static Conv2dParams same(int k) {  // stride 1, symmetric "same" padding for odd k
+    Conv2dParams p;
+    p.pad_top = p.pad_bottom = p.pad_left = p.pad_right = k / 2;
+    return p;
+  }
+};
+
+// Output size along one axis: (in·(up ? 2 : 1) + pad_a + pad_b − k) / stride + 1 (≤ 0: empty).
+int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, bool upsample2x);
+
+// in: [N, Cin, H, W] contiguous; w: [Cout, Cin, kh, kw]; bias: [Cout] (f32/f16/bf16) or null;
+// out: [N, Cout, OH, OW] contiguous (sizes from conv2d_out_size). `out` must not overlap `in`.
+// Throws std::invalid_argument on inconsistent arguments (a programming error: models validate
+// user-controlled shapes before calling).
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+
+namespace ref {
+// Scalar reference: materialises the transformed (upsampled, prologue-applied) input, then the
+// plain 7-deep loop accumulating in double. The yardstick for the fast paths; slow.
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p);
+}  // namespace ref
+
+namespace blocked {
+// The portable path (used when AVX2 is unavailable; exposed for tests): im2col of a block of
+// output pixels into [pixels, Cin·kh·kw] rows, kernels::linear against the weight, transposed
+// store. Memory is bounded by the pixel block, not the image.
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+}  // namespace blocked
+
+}  // namespace klein::kernels

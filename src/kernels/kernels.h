@@ -1,0 +1,47 @@
+// Compute kernels used by the models. Each entry point dispatches to the fastest implementation
+// this CPU supports (src/kernels/cpu/*_avx2.cpp) and falls back to the plain scalar reference in
+// src/kernels/ref/, which is also what the tests compare the fast paths against.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "core/weight.h"
+
+namespace klein::kernels {
+
+// y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]).  W may be any weight dtype (f32/f16/bf16, and the
+// quantized ones once supported); bias is f32/f16/bf16 or null. Accumulation is float32.
+// ldx / ldy: row strides of x and y in floats (0 = K / N).
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+            ThreadPool& pool, int64_t ldx = 0, int64_t ldy = 0);
+
+// Masking for attention(). A key j is visible to query i iff
+//   (!causal || j <= i)  &&  (key_valid == nullptr || key_valid[j] != 0).
+struct AttnMask {
+  bool causal = false;
+  const uint8_t* key_valid = nullptr;  // [Sk] or null
+};
+
+// Multi-head scaled-dot-product attention without materialising the [H, Sq, Sk] score matrix
+// (blocked online softmax). Token-major layouts, as produced by a Linear:
+//   q: [Sq, Hq, D] at row stride ldq,  k/v: [Sk, Hkv, D] at strides ldk/ldv,
+//   out: [Sq, Hq, D] at row stride ldo (strides in floats; 0 = H*D).
+// GQA: query head h reads kv head h / (Hq / Hkv). A query row with no visible key gives zeros.
+void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
+               int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
+               ThreadPool& pool, int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0,
+               int64_t ldo = 0);
+
+namespace ref {
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+            int64_t ldx = 0, int64_t ldy = 0);
+void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
+               int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
+               int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
+}  // namespace ref
+
+// True when the AVX2/FMA/F16C paths are compiled in and this CPU supports them.
+bool cpu_has_avx2();
+
+}  // namespace klein::kernels

@@ -1,0 +1,67 @@
+// Scalar reference for kernels::conv2d: build the transformed input image explicitly (prologue,
+// then ×2 nearest upsampling, then zero padding), then the textbook loop over
+// (n, co, oy, ox, ci, ky, kx) accumulating in double.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/conv2d.h"
+
+namespace klein::kernels {
+
+int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, bool upsample2x) {
+  const int64_t span = in * (upsample2x ? 2 : 1) + pad_a + pad_b - k;
+  if (span < 0 || stride <= 0) return 0;
+  return span / stride + 1;
+}
+
+namespace ref {
+
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p) {
+  if (w.shape.size() != 4 || w.shape[1] != Cin)
+    throw std::invalid_argument("ref::conv2d: weight " + w.name + " does not match Cin " +
+                                std::to_string(Cin));
+  const int64_t Cout = w.shape[0], KH = w.shape[2], KW = w.shape[3];
+  const int64_t OH = conv2d_out_size(H, KH, p.stride, p.pad_top, p.pad_bottom, p.upsample2x);
+  const int64_t OW = conv2d_out_size(W, KW, p.stride, p.pad_left, p.pad_right, p.upsample2x);
+  if (OH <= 0 || OW <= 0) return;
+  const int u = p.upsample2x ? 2 : 1;
+  const int64_t HP = H * u + p.pad_top + p.pad_bottom, WP = W * u + p.pad_left + p.pad_right;
+
+  const Tensor wf = weight_to_tensor(w);  // [Cout, Cin, KH, KW]
+  std::vector<float> b(Cout, 0.0f);
+  if (bias && !bias->empty()) weight_to_f32(*bias, 0, Cout, b.data());
+
+  std::vector<float> xp(Cin * HP * WP);  // the padded, transformed input of one batch item
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = in + n * Cin * H * W;
+    std::fill(xp.begin(), xp.end(), 0.0f);
+    for (int64_t c = 0; c < Cin; ++c)
+      for (int64_t y = 0; y < H * u; ++y)
+        for (int64_t xx = 0; xx < W * u; ++xx) {
+          float v = x[(c * H + y / u) * W + xx / u];
+          if (p.in_scale || p.in_shift)
+            v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
+          if (p.in_silu) v = v / (1.0f + std::exp(-v));
+          xp[(c * HP + y + p.pad_top) * WP + xx + p.pad_left] = v;
+        }
+    float* o = out + n * Cout * OH * OW;
+    for (int64_t co = 0; co < Cout; ++co)
+      for (int64_t oy = 0; oy < OH; ++oy)
+        for (int64_t ox = 0; ox < OW; ++ox) {
+          double acc = b[co];
+          for (int64_t ci = 0; ci < Cin; ++ci)
+            for (int64_t ky = 0; ky < KH; ++ky)
+              for (int64_t kx = 0; kx < KW; ++kx)
+                acc += static_cast<double>(wf.data()[((co * Cin + ci) * KH + ky) * KW + kx]) *
+                       xp[(ci * HP + oy * p.stride + ky) * WP + ox * p.stride + kx];
+          float& dst = o[(co * OH + oy) * OW + ox];
+          dst = p.accumulate ? static_cast<float>(dst + acc) : static_cast<float>(acc);
+        }
+  }
+}
+
+}  // namespace ref
+}  // namespace klein::kernels

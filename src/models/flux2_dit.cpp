@@ -1,0 +1,231 @@
+// FLUX.2 transformer: config, weight loading and the pure helpers (ids, RoPE, timestep sinusoid).
+// The forward pass is in flux2_dit_forward.cpp.
+#include <cmath>
+#include <set>
+
+#include "io/json_file.h"
+#include "models/flux2_dit.h"
+
+namespace fs = std::filesystem;
+
+namespace klein {
+
+Flux2Ids flux2_image_ids(int h, int w, int t_offset) {
+  Flux2Ids ids;
+  if (h <= 0 || w <= 0) return ids;
+  ids.reserve(static_cast<size_t>(h) * w);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) ids.push_back({t_offset, y, x, 0});
+  return ids;
+}
+
+Flux2Ids flux2_text_ids(int L) {
+  Flux2Ids ids;
+  if (L <= 0) return ids;
+  ids.reserve(L);
+  for (int l = 0; l < L; ++l) ids.push_back({0, 0, 0, l});
+  return ids;
+}
+
+std::vector<float> flux2_timestep_sinusoid(float t, int64_t channels) {
+  std::vector<float> emb(channels > 0 ? channels : 0, 0.0f);
+  const int64_t half = channels / 2;
+  if (half <= 0) return emb;
+  // exponent = fp32(-ln(max_period)) * arange(half) (fp32), / (half - 0) (fp32); exp in fp32.
+  const float neg_log = static_cast<float>(-std::log(10000.0));
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = (neg_log * static_cast<float>(i)) / static_cast<float>(half);
+    static const float kT[128] = {1f,0.930572033f,0.865964293f,0.805842161f,0.749894202f,0.697830558f,0.649381638f,0.604296386f,0.562341332f,0.523299098f,0.486967504f,0.453158379f,0.421696514f,0.392418951f,0.365174145f,0.339820832f,0.316227764f,0.294272721f,0.273841947f,0.254829645f,0.237137347f,0.220673412f,0.2053525f,0.191095293f,0.177827939f,0.165481701f,0.153992638f,0.143301249f,0.133352146f,0.124093764f,0.115478195f,0.107460767f,0.099999994f,0.0930572078f,0.0865964293f,0.0805842206f,0.0749894157f,0.0697830617f,0.0649381578f,0.0604296364f,0.056234125f,0.0523299091f,0.0486967564f,0.0453158319f,0.0421696492f,0.0392418914f,0.0365174115f,0.0339820795f,0.0316227749f,0.0294272732f,0.0273841936f,0.0254829675f,0.023713734f,0.0220673401f,0.0205352474f,0.0191095285f,0.0177827943f,0.0165481735f,0.0153992623f,0.0143301245f,0.013335214f,0.0124093788f,0.0115478169f,0.0107460767f,0.00999999978f,0.00930572115f,0.00865964405f,0.00805842038f,0.00749894092f,0.00697830552f,0.00649381662f,0.00604296196f,0.00562341232f,0.00523299072f,0.00486967526f,0.00453158421f,0.00421696389f,0.00392418914f,0.00365174119f,0.00339820841f,0.0031622767f,0.00294272648f,0.00273841922f,0.0025482967f,0.00237137382f,0.00220673345f,0.0020535246f,0.00191095285f,0.00177827943f,0.00165481737f,0.00153992616f,0.00143301242f,0.00133352145f,0.00124093785f,0.00115478167f,0.0010746076f,0.000999999931f,0.000930572045f,0.000865964394f,0.000805841992f,0.000749894069f,0.000697830517f,0.000649381662f,0.00060429622f,0.000562341185f,0.000523299037f,0.000486967532f,0.000453158398f,0.000421696372f,0.000392418908f,0.000365174084f,0.000339820836f,0.000316227815f,0.000294272788f,0.000273842044f,0.000254829531f,0.000237137268f,0.000220673333f,0.000205352466f,0.000191095271f,0.00017782794f,0.000165481732f,0.000153992689f,0.000143301295f,0.000133352078f,0.000124093727f,0.000115478157f,0.000107460757f};
+    const float freq = (half == 128) ? kT[i] : std::exp(exponent);
+    const float arg = t * freq;  // fp32 product, as timesteps[:, None].float() * emb
+    // flip_sin_to_cos: cos half first. Evaluate in double and round: the correctly rounded value.
+    emb[i] = static_cast<float>(std::cos(static_cast<double>(arg)));
+    emb[half + i] = static_cast<float>(std::sin(static_cast<double>(arg)));
+  }
+  return emb;  // odd channel count: the last entry stays 0 (diffusers zero-pads)
+}
+
+void flux2_rope_tables(const Flux2Ids& ids, const std::vector<int64_t>& axes, double theta, float* cos,
+                       float* sin) {
+  int64_t width = 0;
+  for (int64_t a : axes) width += a;
+  // freqs per axis: 1 / theta^(arange(0, dim, 2, float64) / dim), float64.
+  std::vector<double> freqs;
+  for (int64_t a : axes)
+    for (int64_t j = 0; j < a / 2; ++j)
+      freqs.push_back(1.0 / std::pow(theta, static_cast<double>(2 * j) / static_cast<double>(a)));
+  for (size_t s = 0; s < ids.size(); ++s) {
+    float* c = cos + s * width;
+    float* sn = sin + s * width;
+    int64_t off = 0, fi = 0;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      // pos = ids.float(): the id is rounded to float32 first, then promoted to float64.
+      const double pos = static_cast<double>(static_cast<float>(ids[s][a]));
+      for (int64_t j = 0; j < axes[a] / 2; ++j, ++fi) {
+        const double ang = pos * freqs[fi];
+        const float cv = static_cast<float>(std::cos(ang)), sv = static_cast<float>(std::sin(ang));
+        c[off + 2 * j] = c[off + 2 * j + 1] = cv;
+        sn[off + 2 * j] = sn[off + 2 * j + 1] = sv;
+      }
+      off += axes[a];
+    }
+  }
+}
+
+Result<Flux2Config> Flux2Config::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) return format_error(where + ": not a JSON object");
+  if (j.contains("_class_name") && j["_class_name"].is_string() &&
+      j["_class_name"].get<std::string>() != "Flux2Transformer2DModel")
+    return unsupported(where + ": _class_name \"" + j["_class_name"].get<std::string>() +
+                       "\" (expected Flux2Transformer2DModel)");
+  Flux2Config c;
+  KLEIN_ASSIGN_OR_RETURN(c.num_layers, json_int(j, "num_layers", where));
+  KLEIN_ASSIGN_OR_RETURN(c.num_single_layers, json_int(j, "num_single_layers", where));
+  KLEIN_ASSIGN_OR_RETURN(c.attention_head_dim, json_int(j, "attention_head_dim", where));
+  KLEIN_ASSIGN_OR_RETURN(c.num_attention_heads, json_int(j, "num_attention_heads", where));
+  KLEIN_ASSIGN_OR_RETURN(c.in_channels, json_int(j, "in_channels", where));
+  KLEIN_ASSIGN_OR_RETURN(c.out_channels, json_int(j, "out_channels", where, c.in_channels));  // null -> in
+  KLEIN_ASSIGN_OR_RETURN(c.joint_attention_dim, json_int(j, "joint_attention_dim", where));
+  KLEIN_ASSIGN_OR_RETURN(c.mlp_ratio, json_number(j, "mlp_ratio", where, 3.0));
+  KLEIN_ASSIGN_OR_RETURN(c.rope_theta, json_number(j, "rope_theta", where, 2000.0));
+  KLEIN_ASSIGN_OR_RETURN(c.timestep_guidance_channels, json_int(j, "timestep_guidance_channels", where, 256));
+  KLEIN_ASSIGN_OR_RETURN(c.guidance_embeds, json_bool(j, "guidance_embeds", where, true));
+  KLEIN_ASSIGN_OR_RETURN(c.eps, json_number(j, "eps", where, 1e-6));
+  KLEIN_ASSIGN_OR_RETURN(int64_t patch, json_int(j, "patch_size", where, 1));
+  if (patch != 1)
+    return unsupported(where + ": patch_size " + std::to_string(patch) + " (only 1, as FLUX.2 uses)");
+  // out_channels 0 behaves like null in diffusers (`out_channels or in_channels`).
+  if (c.out_channels == 0) c.out_channels = c.in_channels;
+
+  if (!j.contains("axes_dims_rope") || j["axes_dims_rope"].is_null()) {
+    c.axes_dims_rope = {32, 32, 32, 32};
+  } else {
+    const auto& a = j["axes_dims_rope"];
+    if (!a.is_array()) return format_error(where + ": \"axes_dims_rope\" is not an array");
+    for (const auto& v : a) {
+      if (!v.is_number_integer()) return format_error(where + ": \"axes_dims_rope\" has a non-integer entry");
+      c.axes_dims_rope.push_back(v.get<int64_t>());
+    }
+  }
+
+  auto positive = [&](const char* key, int64_t v) -> Status {
+    if (v <= 0) return format_error(where + ": \"" + key + "\" must be positive, got " + std::to_string(v));
+    return Status::Ok();
+  };
+  if (c.num_layers < 0) return format_error(where + ": \"num_layers\" is negative");
+  if (c.num_single_layers < 0) return format_error(where + ": \"num_single_layers\" is negative");
+  KLEIN_RETURN_IF_ERROR(positive("attention_head_dim", c.attention_head_dim));
+  KLEIN_RETURN_IF_ERROR(positive("num_attention_heads", c.num_attention_heads));
+  KLEIN_RETURN_IF_ERROR(positive("in_channels", c.in_channels));
+  KLEIN_RETURN_IF_ERROR(positive("out_channels", c.out_channels));
+  KLEIN_RETURN_IF_ERROR(positive("joint_attention_dim", c.joint_attention_dim));
+  KLEIN_RETURN_IF_ERROR(positive("timestep_guidance_channels", c.timestep_guidance_channels));
+  if (c.attention_head_dim % 2 != 0)
+    return format_error(where + ": \"attention_head_dim\" " + std::to_string(c.attention_head_dim) +
+                        " is odd (RoPE rotates pairs)");
+  if (!(c.mlp_ratio > 0.0) || c.mlp_hidden_dim() <= 0)
+    return format_error(where + ": \"mlp_ratio\" must give a positive MLP width");
+  if (!(c.rope_theta > 0.0)) return format_error(where + ": \"rope_theta\" must be positive");
+  if (!(c.eps >= 0.0)) return format_error(where + ": \"eps\" must be non-negative");
+  if (c.axes_dims_rope.empty() || c.axes_dims_rope.size() > 4)
+    return format_error(where + ": \"axes_dims_rope\" must have 1 to 4 entries (ids have 4 axes), got " +
+                        std::to_string(c.axes_dims_rope.size()));
+  int64_t sum = 0;
+  for (int64_t a : c.axes_dims_rope) {
+    if (a <= 0 || a % 2 != 0)
+      return format_error(where + ": \"axes_dims_rope\" entries must be positive and even, got " +
+                          std::to_string(a));
+    sum += a;
+  }
+  if (sum != c.attention_head_dim)
+    return format_error(where + ": \"axes_dims_rope\" sums to " + std::to_string(sum) +
+                        " but attention_head_dim is " + std::to_string(c.attention_head_dim));
+  return c;
+}
+
+Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
+  const fs::path cfg_path = dir / "config.json";
+  KLEIN_ASSIGN_OR_RETURN(auto j, read_json_file(cfg_path));
+  Flux2Transformer m;
+  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2Config::from_json(j, cfg_path.string()));
+  const Flux2Config& c = m.cfg_;
+  KLEIN_ASSIGN_OR_RETURN(auto store, WeightStore::open(dir));
+  m.store_ = std::make_shared<WeightStore>(std::move(store));
+  const WeightStore& s = *m.store_;
+
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
+  std::set<std::string> used;
+  auto get = [&](const std::string& name, const Shape& shape, Weight* out) -> Status {
+    auto w = s.get(name, shape);
+    if (!w.ok()) return w.status();
+    *out = std::move(w).value();
+    used.insert(name);
+    return Status::Ok();
+  };
+  auto get_vec = [&](const std::string& name, int64_t n, std::vector<float>* out) -> Status {
+    Weight w;
+    KLEIN_RETURN_IF_ERROR(get(name, {n}, &w));
+    out->resize(n);
+    weight_to_f32(w, 0, n, out->data());
+    return Status::Ok();
+  };
+
+  KLEIN_RETURN_IF_ERROR(get("x_embedder.weight", {D, c.in_channels}, &m.x_embedder_));
+  KLEIN_RETURN_IF_ERROR(get("context_embedder.weight", {D, c.joint_attention_dim}, &m.context_embedder_));
+  const int64_t C = c.timestep_guidance_channels;
+  KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.timestep_embedder.linear_1.weight", {D, C}, &m.t_lin1_));
+  KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.timestep_embedder.linear_2.weight", {D, D}, &m.t_lin2_));
+  if (c.guidance_embeds) {
+    KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.guidance_embedder.linear_1.weight", {D, C}, &m.g_lin1_));
+    KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.guidance_embedder.linear_2.weight", {D, D}, &m.g_lin2_));
+  }
+  KLEIN_RETURN_IF_ERROR(get("double_stream_modulation_img.linear.weight", {6 * D, D}, &m.mod_img_));
+  KLEIN_RETURN_IF_ERROR(get("double_stream_modulation_txt.linear.weight", {6 * D, D}, &m.mod_txt_));
+  KLEIN_RETURN_IF_ERROR(get("single_stream_modulation.linear.weight", {3 * D, D}, &m.mod_single_));
+
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    DoubleBlock b;
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_q.weight", {D, D}, &b.to_q));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_k.weight", {D, D}, &b.to_k));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_v.weight", {D, D}, &b.to_v));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_q.weight", hd, &b.norm_q));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_k.weight", hd, &b.norm_k));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_out.0.weight", {D, D}, &b.to_out));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_q_proj.weight", {D, D}, &b.add_q));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_k_proj.weight", {D, D}, &b.add_k));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_v_proj.weight", {D, D}, &b.add_v));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_added_q.weight", hd, &b.norm_added_q));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_added_k.weight", hd, &b.norm_added_k));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_add_out.weight", {D, D}, &b.to_add_out));
+    KLEIN_RETURN_IF_ERROR(get(p + "ff.linear_in.weight", {2 * F, D}, &b.ff_in));
+    KLEIN_RETURN_IF_ERROR(get(p + "ff.linear_out.weight", {D, F}, &b.ff_out));
+    KLEIN_RETURN_IF_ERROR(get(p + "ff_context.linear_in.weight", {2 * F, D}, &b.ffc_in));
+    KLEIN_RETURN_IF_ERROR(get(p + "ff_context.linear_out.weight", {D, F}, &b.ffc_out));
+    m.double_.push_back(std::move(b));
+  }
+  for (int64_t i = 0; i < c.num_single_layers; ++i) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".";
+    SingleBlock b;
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_qkv_mlp_proj.weight", {3 * D + 2 * F, D}, &b.qkv_mlp));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_q.weight", hd, &b.norm_q));
+    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_k.weight", hd, &b.norm_k));
+    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_out.weight", {D, D + F}, &b.to_out));
+    m.single_.push_back(std::move(b));
+  }
+  KLEIN_RETURN_IF_ERROR(get("norm_out.linear.weight", {2 * D, D}, &m.norm_out_));
+  KLEIN_RETURN_IF_ERROR(get("proj_out.weight", {c.out_channels, D}, &m.proj_out_));
+
+  // Anything left over means the file and config.json disagree (more blocks, biases, a guidance
+  // embedder the config turned off, or another architecture).
+  for (const std::string& name : s.names()) {
+    if (used.count(name)) continue;
+    return format_error(s.file_of(name) + ": tensor '" + name + "' is not part of the model that " +
+                        cfg_path.string() + " describes (num_layers " + std::to_string(c.num_layers) +
+                        ", num_single_layers " + std::to_string(c.num_single_layers) + ", guidance_embeds " +
+                        (c.guidance_embeds ? "true" : "false") + ")");
+  }
+  return m;
+}
+
+}  // namespace klein

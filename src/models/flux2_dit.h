@@ -1,0 +1,126 @@
+// FLUX.2 diffusion transformer (diffusers `Flux2Transformer2DModel`), the denoiser of
+// FLUX.2 [klein]: packed latent tokens + text embeddings + timestep -> velocity prediction.
+//
+// Computes in float32 throughout and matches the float32 diffusers model (the bf16 pipeline's
+// intermediate roundings are not emulated here). Weights stay memory-mapped in their stored dtype.
+//
+// Layout of the forward pass (diffusers transformer_flux2.py):
+//   temb = timestep_embedder(sinusoid(1000 t))            [+ guidance_embedder(sinusoid(1000 g))]
+//   three shared modulations from SiLU(temb): double img (6D), double txt (6D), single (3D)
+//   residual stream h = [context_embedder(txt) ; x_embedder(img)]   (text rows first)
+//   num_layers double-stream blocks (separate weights per stream, joint attention text-first)
+//   num_single_layers single-stream blocks (fused QKV+MLP projection, parallel attention/MLP)
+//   norm_out (AdaLayerNormContinuous: scale first, then shift) on the image rows, proj_out.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/run_context.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/weight.h"
+#include "io/safetensors.h"
+
+namespace klein {
+
+// Position ids (T, H, W, L) per token, as the pipeline builds them.
+using Flux2Ids = std::vector<std::array<int64_t, 4>>;
+
+// Image tokens of an h x w latent grid, row-major (token n = y*w + x): (t_offset, y, x, 0).
+// t_offset is 0 for the generated image and 10 + 10*i for reference image i.
+Flux2Ids flux2_image_ids(int h, int w, int t_offset = 0);
+// Text tokens 0..L-1: (0, 0, 0, l).
+Flux2Ids flux2_text_ids(int L);
+
+struct Flux2Config {
+  int64_t num_layers = 0;         // double-stream blocks
+  int64_t num_single_layers = 0;  // single-stream blocks
+  int64_t attention_head_dim = 0;
+  int64_t num_attention_heads = 0;
+  int64_t in_channels = 0;
+  int64_t out_channels = 0;       // config null -> in_channels
+  int64_t joint_attention_dim = 0;
+  double mlp_ratio = 3.0;
+  std::vector<int64_t> axes_dims_rope;  // 1..4 even entries summing to attention_head_dim
+  double rope_theta = 2000.0;
+  int64_t timestep_guidance_channels = 256;
+  bool guidance_embeds = false;
+  double eps = 1e-6;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  // int(inner_dim * mlp_ratio), as Python truncates it.
+  int64_t mlp_hidden_dim() const { return static_cast<int64_t>(static_cast<double>(inner_dim()) * mlp_ratio); }
+
+  // Reads a diffusers transformer/config.json. Missing optional keys take diffusers' defaults
+  // (note: guidance_embeds defaults to true there). `where` names the file in messages.
+  static Result<Flux2Config> from_json(const nlohmann::json& j, const std::string& where);
+};
+
+class Flux2Transformer {
+ public:
+  // Loads <dir>/config.json and the safetensors weights in <dir> (single file or sharded).
+  // Every tensor's shape is checked against the config; a tensor the config does not account for
+  // is an error too (e.g. more blocks in the file than num_layers says).
+  static Result<Flux2Transformer> load(const std::filesystem::path& dir);
+
+  const Flux2Config& config() const { return cfg_; }
+
+  // One denoiser evaluation (batch 1).
+  //   img:  [N, in_channels] (or [1, N, in_channels]) packed latent tokens
+  //   txt:  [T, joint_attention_dim] (or [1, T, joint_attention_dim]) prompt embeddings
+  //   timestep: the value the pipeline passes, i.e. t / 1000 (sigma); scaled by 1000 inside
+  //   img_ids / txt_ids: N and T position ids (see flux2_image_ids / flux2_text_ids)
+  //   guidance: only used by models with guidance_embeds (ignored otherwise, as diffusers does)
+  // Returns [N, out_channels]. Named dumps (ctx.dump): dit.temb [1,D], dit.mod_img / dit.mod_txt
+  // [1,6D], dit.mod_single [1,3D], dit.rope_cos / dit.rope_sin [T+N, head_dim],
+  // dit.x_embedder [1,N,D], dit.context_embedder [1,T,D], dit.double<i>.attn_img [1,N,D] /
+  // dit.double<i>.attn_txt [1,T,D] (attention output after to_out / to_add_out),
+  // dit.double<i>.img [1,N,D], dit.double<i>.txt [1,T,D], dit.single<i>.attn [1,T+N,D]
+  // (to_out output before gating), dit.single<i> [1,T+N,D], dit.norm_out [1,N,D],
+  // dit.output [1,N,out_channels].
+  Result<Tensor> forward(const Tensor& img, const Tensor& txt, float timestep, const Flux2Ids& img_ids,
+                         const Flux2Ids& txt_ids, const RunContext& ctx,
+                         std::optional<float> guidance = std::nullopt) const;
+
+ private:
+  struct DoubleBlock {
+    Weight to_q, to_k, to_v, to_out, add_q, add_k, add_v, to_add_out;
+    Weight ff_in, ff_out, ffc_in, ffc_out;
+    std::vector<float> norm_q, norm_k, norm_added_q, norm_added_k;  // [head_dim]
+  };
+  struct SingleBlock {
+    Weight qkv_mlp, to_out;
+    std::vector<float> norm_q, norm_k;
+  };
+  // temb [D] for the (already x1000) timestep value, plus the guidance embedding when present.
+  void time_embedding(float t1000, std::optional<float> g1000, float* temb, ThreadPool& pool) const;
+
+  Flux2Config cfg_;
+  std::shared_ptr<WeightStore> store_;
+  Weight x_embedder_, context_embedder_;
+  Weight t_lin1_, t_lin2_, g_lin1_, g_lin2_;  // g_* only with guidance_embeds
+  Weight mod_img_, mod_txt_, mod_single_, norm_out_, proj_out_;
+  std::vector<DoubleBlock> double_;
+  std::vector<SingleBlock> single_;
+};
+
+// Pure helpers, exposed for tests.
+
+// diffusers get_timestep_embedding(t, channels, flip_sin_to_cos=True, downscale_freq_shift=0),
+// float32: [cos(t*f_0..), sin(t*f_0..)] with f_i = exp(fp32(-ln 10000) * i / (channels/2)).
+std::vector<float> flux2_timestep_sinusoid(float t, int64_t channels);
+
+// RoPE tables as Flux2PosEmbed builds them: per token and axis a, for j < axes[a]/2 the angle
+// id[a] * theta^(-2j/axes[a]) in float64, cos/sin rounded to float and written to the pair
+// (off_a + 2j, off_a + 2j + 1). cos/sin: [ids.size(), sum(axes)] row-major.
+void flux2_rope_tables(const Flux2Ids& ids, const std::vector<int64_t>& axes, double theta, float* cos,
+                       float* sin);
+
+}  // namespace klein

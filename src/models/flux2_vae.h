@@ -1,0 +1,134 @@
+// FLUX.2 VAE (diffusers AutoencoderKLFlux2): the decoder that turns the 32-channel latent into
+// an image, the encoder's mean path (for reference images), and the latent batch-norm
+// statistics the pipeline normalises the patchified latent with.
+//
+// Every dimension comes from vae/config.json; the weights stay memory-mapped in their stored
+// dtype. Activations are float32 NCHW, batch items are processed one at a time. The VAE's
+// GroupNorm (+ SiLU) steps are folded into the following conv (kernels::Conv2dParams prologue),
+// nearest ×2 upsampling into the Upsample2D conv, and each ResNet block's residual add into its
+// second conv, so a block needs its input, one hidden tensor and (with a 1×1 shortcut) the
+// output — no full-size normalised copies.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/run_context.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/weight.h"
+#include "io/safetensors.h"
+#include "pipeline/latents.h"
+
+namespace klein {
+
+struct Flux2VaeConfig {
+  int64_t in_channels = 3;
+  int64_t out_channels = 3;
+  int64_t latent_channels = 32;
+  std::vector<int64_t> block_out_channels;          // encoder, e.g. [128, 256, 512, 512]
+  std::vector<int64_t> decoder_block_out_channels;  // null in the file → block_out_channels
+  int64_t layers_per_block = 2;                     // encoder; the decoder uses +1
+  int64_t norm_num_groups = 32;
+  bool mid_block_add_attention = true;
+  bool use_quant_conv = true;
+  bool use_post_quant_conv = true;
+  double batch_norm_eps = 1e-4;
+  // GroupNorm eps of every ResNet / attention / output norm: fixed in diffusers' Encoder and
+  // Decoder (resnet_eps=1e-6, conv_norm_out eps=1e-6), not a config key.
+  double norm_eps = 1e-6;
+
+  int64_t patch_channels() const { return 4 * latent_channels; }  // patch_size [2, 2]
+  // Spatial factor between image and latent: 2^(number of down/up samplers).
+  int64_t scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
+
+  // Reads a diffusers vae/config.json. `where` names the file in messages.
+  static Result<Flux2VaeConfig> from_json(const nlohmann::json& j, const std::string& where);
+};
+
+class Flux2Vae {
+ public:
+  // Loads vae/ (config.json + safetensors) and checks every tensor's shape against the config.
+  static Result<Flux2Vae> load(const std::filesystem::path& dir);
+
+  const Flux2VaeConfig& config() const { return cfg_; }
+
+  // z: [B, latent_channels, h, w] (the unpatchified, de-normalised latent) → image
+  // [B, out_channels, 8h, 8w] in about [-1, 1], float32 (no clamping; the caller post-processes).
+  // Dumps "vae.post_quant_conv", "vae.conv_in", "vae.mid", "vae.up<i>", "vae.conv_norm_out"
+  // (only when asked for), "vae.conv_out" (= the output).
+  Result<Tensor> decode(const Tensor& z, const RunContext& ctx) const;
+
+  // image: [B, in_channels, H, W] in [-1, 1], H and W multiples of scale_factor() →
+  // the posterior mean [B, latent_channels, H/8, W/8] (= latent_dist.mode(); channels
+  // [0, latent_channels) of quant_conv's output). Dumps "vae_enc.conv_in", "vae_enc.down<i>",
+  // "vae_enc.mid", "vae_enc.conv_out" (all 2·latent channels), "vae_enc.mean".
+  Result<Tensor> encode_mean(const Tensor& image, const RunContext& ctx) const;
+
+  // Batch-norm statistics of the patchified latent (patch_channels() entries), computed as the
+  // pipeline does: mean = bn.running_mean, std = sqrt(bn.running_var + batch_norm_eps), in
+  // float32 (kF32) or with bf16 buffers and bf16-rounded add and sqrt (kBF16, a bf16 pipeline).
+  LatentStats latent_stats(LatentArith arith = LatentArith::kF32) const;
+  const std::vector<float>& bn_mean() const { return bn_mean_; }
+  const std::vector<float>& bn_var() const { return bn_var_; }
+  // Convenience wrappers of pipeline/latents.h with this VAE's statistics ([B, 128, h, w]).
+  Status normalize_latents(Tensor& z, LatentArith arith = LatentArith::kF32) const;
+  Status denormalize_latents(Tensor& z, LatentArith arith = LatentArith::kF32) const;
+
+  // Building blocks (public so later code — tiled decoding — can drive them directly).
+  struct Conv {
+    Weight w, b;  // [Cout, Cin, kh, kw], [Cout]
+  };
+  struct Norm {
+    Weight w, b;  // GroupNorm affine [C], [C]
+  };
+  struct Resnet {
+    Norm norm1, norm2;
+    Conv conv1, conv2;
+    Conv shortcut;  // 1×1, only when in != out channels (w empty otherwise)
+    int64_t cin = 0, cout = 0;
+  };
+  struct Attn {
+    Norm norm;
+    Weight q, qb, k, kb, v, vb, o, ob;  // Linear [C, C] + bias [C]
+    int64_t c = 0;
+  };
+  struct Mid {
+    Resnet r0, r1;
+    bool has_attn = false;
+    Attn attn;
+  };
+  struct Block {
+    std::vector<Resnet> resnets;
+    bool has_sampler = false;  // Downsample2D (encoder) or Upsample2D (decoder)
+    Conv sampler;
+  };
+
+ private:
+  Result<Tensor> decode_one(Tensor x, const RunContext& ctx) const;
+  Result<Tensor> encode_one(Tensor x, const RunContext& ctx) const;
+
+  Flux2VaeConfig cfg_;
+  std::shared_ptr<WeightStore> store_;
+  // Encoder.
+  Conv enc_conv_in_;
+  std::vector<Block> enc_blocks_;
+  Mid enc_mid_;
+  Norm enc_norm_out_;
+  Conv enc_conv_out_;
+  Conv quant_conv_;  // only with use_quant_conv
+  // Decoder.
+  Conv post_quant_conv_;  // only with use_post_quant_conv
+  Conv dec_conv_in_;
+  Mid dec_mid_;
+  std::vector<Block> dec_blocks_;
+  Norm dec_norm_out_;
+  Conv dec_conv_out_;
+  // Latent batch norm (running stats as float32, upcast from the stored dtype).
+  std::vector<float> bn_mean_, bn_var_;
+};
+
+}  // namespace klein

@@ -1,0 +1,61 @@
+// Qwen3 decoder used as FLUX.2 [klein]'s text encoder: token ids -> the residual-stream hidden
+// states after selected layers (klein taps 9/18/27, i.e. after 0-based layers 8, 17, 26).
+// Only the layers up to the deepest tap are loaded and run; later layers, the final norm and the
+// LM head are never touched.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/run_context.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/weight.h"
+#include "io/safetensors.h"
+
+namespace klein {
+
+struct Qwen3Config {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  bool attention_bias = false;
+
+  // Reads a transformers Qwen3 config.json (v4 or v5 spelling of the RoPE settings).
+  static Result<Qwen3Config> from_json(const nlohmann::json& j, const std::string& where);
+};
+
+class Qwen3Encoder {
+ public:
+  // Loads the text encoder from a folder with config.json + safetensors, keeping layers
+  // [0, num_layers_needed). Weights stay memory-mapped in their stored dtype.
+  static Result<Qwen3Encoder> load(const std::filesystem::path& dir, int num_layers_needed);
+
+  const Qwen3Config& config() const { return cfg_; }
+  int loaded_layers() const { return static_cast<int>(layers_.size()); }
+
+  // ids/mask: [L]. Returns [L, taps.size() * hidden]: per token, the hidden states
+  // hidden_states[t] for t in `taps` (index 0 = embeddings, t = output of layer t-1) concatenated.
+  // Dumps "te.hidden_<t>" for each tap and "te.layer<i>.*" intermediates when asked.
+  Result<Tensor> encode(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask,
+                        const std::vector<int>& taps, const RunContext& ctx) const;
+
+ private:
+  struct Layer {
+    Weight input_norm, q, k, v, q_norm, k_norm, o, post_norm, gate, up, down;
+    Weight q_bias, k_bias, v_bias, o_bias;  // only with attention_bias
+  };
+  Qwen3Config cfg_;
+  std::shared_ptr<WeightStore> store_;
+  Weight embed_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace klein

@@ -1,0 +1,40 @@
+// FLUX.2 latent layout helpers shared by the pipeline and the VAE:
+//   - patchify / unpatchify between the VAE's 32-channel latent and the 128-channel space the
+//     transformer works in (reference doc §4.4, pipeline_flux2_klein.py _patchify_latents /
+//     _unpatchify_latents);
+//   - the batch-norm normalisation of the patchified latent with the VAE's bn running stats
+//     (§4.5, _encode_vae_image and the decode path of __call__).
+#pragma once
+
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace klein {
+
+// [B, C, 2h, 2w] → [B, 4C, h, w]; out channel k = c·4 + py·2 + px holds z[c, 2y+py, 2x+px].
+// Odd spatial sizes are an error (the pipeline only makes even ones).
+Result<Tensor> patchify(const Tensor& z);
+// Exact inverse: [B, 4C, h, w] → [B, C, 2h, 2w].
+Result<Tensor> unpatchify(const Tensor& z);
+
+// Per-channel statistics of the patchified latent (128 channels for FLUX.2):
+// mean = bn.running_mean, std = sqrt(bn.running_var + batch_norm_eps).
+struct LatentStats {
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+
+// How the pipeline's element-wise ops round.
+//   kF32:  a float32 pipeline: every op in float32.
+//   kBF16: a bfloat16 pipeline: the latent and the stats are bf16 and every op's result is
+//          rounded to bf16 (x − mean rounds, / std rounds; x · std rounds, + mean rounds).
+enum class LatentArith { kF32, kBF16 };
+
+// In place on [B, C, h, w] with C == stats size:  z = (z − mean) / std   (encode side).
+Status normalize_latents(Tensor& z, const LatentStats& stats, LatentArith arith = LatentArith::kF32);
+// In place:  z = z · std + mean   (decode side, before unpatchify).
+Status denormalize_latents(Tensor& z, const LatentStats& stats, LatentArith arith = LatentArith::kF32);
+
+}  // namespace klein

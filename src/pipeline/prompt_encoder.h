@@ -1,0 +1,32 @@
+// Prompt -> prompt_embeds, as Flux2KleinPipeline._get_qwen3_prompt_embeds: klein chat template,
+// right-padded to max_length, Qwen3 hidden states 9/18/27 concatenated per token.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/run_context.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/model_folder.h"
+
+namespace klein {
+
+inline constexpr int kKleinMaxSequenceLength = 512;
+inline const std::vector<int> kKleinTextTaps = {9, 18, 27};
+
+struct PromptEncoding {
+  Tensor embeds;                 // [1, max_length, 3 * hidden]
+  std::vector<int32_t> ids;      // [max_length]
+  std::vector<int32_t> mask;     // [max_length]
+  int num_real_tokens = 0;
+  int untruncated_length = 0;
+};
+
+// Loads the tokenizer and the text encoder from `model`, encodes, and releases the encoder's
+// weights before returning (so the next component loads into the freed memory).
+Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string& prompt,
+                                     const RunContext& ctx,
+                                     int max_length = kKleinMaxSequenceLength);
+
+}  // namespace klein

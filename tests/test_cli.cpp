@@ -1,0 +1,110 @@
+// The `klein` command line: output contracts other tools rely on, and bad-input behaviour
+// (one clear line on stderr, non-zero exit, nothing written).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/npy.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using klein::testing::run_cli;
+
+namespace {
+std::string model() { return "'" + klein::testing::tiny_model_dir().string() + "'"; }
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+}  // namespace
+
+TEST(Cli, TokenizeJsonContract) {
+  auto r = run_cli("tokenize --model " + model() + " 'Hello world'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ids"], nlohmann::json({9707, 1879}));
+  EXPECT_FALSE(j.contains("mask"));
+
+  // --template + --max-length: the padded klein input with its mask.
+  r = run_cli("tokenize --model " + model() + " --template --max-length 24 'A cat holding a sign that says hello world'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ids"].size(), 24u);
+  ASSERT_EQ(j["mask"].size(), 24u);
+  EXPECT_EQ(j["ids"][0], 151644);
+  EXPECT_EQ(j["ids"][20], 271);
+  EXPECT_EQ(j["ids"][21], 151643);
+  EXPECT_EQ(j["mask"][20], 1);
+  EXPECT_EQ(j["mask"][21], 0);
+
+  // A folder holding tokenizer.json directly; text starting with '-' after '--'.
+  r = run_cli("tokenize --model '" + (klein::testing::tiny_model_dir() / "tokenizer").string() + "' -- '-x'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["ids"].empty());
+}
+
+TEST(Cli, EncodeWritesPromptEmbeds) {
+  auto dir = klein::testing::make_temp_dir("cli_enc");
+  auto out = dir / "e.npy";
+  auto r = run_cli("encode --model " + model() + " --prompt 'A cat holding a sign that says hello world' -o '" +
+                   out.string() + "' --quiet --threads 2 --dump '" + (dir / "dump").string() + "' --dump-filter hidden_");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto a = klein::read_npy(out);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->shape, (klein::Shape{1, 512, 48}));
+  auto ref = klein::read_npy(klein::testing::data_dir() / "ref" / "te_cat" / "prompt_embeds.npy");
+  ASSERT_TRUE(ref.ok());
+  auto x = a->to_f32(), y = ref->to_f32();
+  double maxd = 0, maxr = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    maxd = std::max(maxd, static_cast<double>(std::fabs(x[i] - y[i])));
+    maxr = std::max(maxr, static_cast<double>(std::fabs(y[i])));
+  }
+  EXPECT_LE(maxd / maxr, 1e-5);
+  EXPECT_TRUE(fs::exists(dir / "dump" / "te.hidden_9.npy"));
+  EXPECT_TRUE(fs::exists(dir / "dump" / "te.hidden_27.npy"));
+  EXPECT_FALSE(fs::exists(dir / "dump" / "te.layer0.out.npy"));  // filtered out
+  fs::remove_all(dir);
+}
+
+TEST(Cli, InfoDescribesComponents) {
+  auto r = run_cli("info --model " + model());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* s : {"Flux2KleinPipeline", "Qwen3ForCausalLM", "Flux2Transformer2DModel", "AutoencoderKLFlux2",
+                        "hidden_size=16", "num_hidden_layers=30", "BF16", "parameters"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
+  auto dir = klein::testing::make_temp_dir("cli_bad");
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  // A model folder whose text encoder weights are truncated.
+  auto broken = dir / "broken";
+  fs::copy(klein::testing::tiny_model_dir(), broken, fs::copy_options::recursive);
+  fs::resize_file(broken / "text_encoder" / "model.safetensors", 1000);
+  // A tokenizer folder without its files.
+  fs::create_directories(dir / "empty_tok");
+  const std::vector<Case> cases = {
+      {"encode --model '" + (dir / "nope").string() + "' --prompt x -o '" + (dir / "o.npy").string() + "'", "no such model folder"},
+      {"encode --model '" + broken.string() + "' --prompt x -o '" + (dir / "o.npy").string() + "'", "model.safetensors"},
+      {"tokenize --model '" + (dir / "empty_tok").string() + "' x", "tokenizer"},
+      {"info --model '" + dir.string() + "'", "model_index.json"},
+      {"tokenize --model " + model() + " --max-length 0 x", "max-length"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << c.args;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << c.args << "\nstderr: " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args;
+  }
+  EXPECT_FALSE(fs::exists(dir / "o.npy"));
+  fs::remove_all(dir);
+}

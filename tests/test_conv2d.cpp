@@ -1,0 +1,214 @@
+// conv2d: the scalar reference against hand-computed values, then the dispatched fast path
+// (AVX2 on x86) and the portable blocked path against the reference over kernel sizes, strides,
+// asymmetric padding, upsampling, prologues, accumulation, weight dtypes and thread counts.
+// Tolerance as for the other kernels: max|fast − ref| ≤ 1e-5 · max(1, max|ref|).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "core/weight.h"
+#include "kernels/conv2d.h"
+
+namespace klein {
+namespace {
+
+struct OwnedWeight {
+  Weight w;
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+};
+
+OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& vals) {
+  OwnedWeight o;
+  o.w.name = "test.conv.weight";
+  o.w.dtype = dt;
+  o.w.shape = shape;
+  if (dt == DType::kF32) {
+    o.f32 = vals;
+    o.w.data = o.f32.data();
+  } else {
+    o.u16.resize(vals.size());
+    for (size_t i = 0; i < vals.size(); ++i)
+      o.u16[i] = dt == DType::kBF16 ? f32_to_bf16(vals[i]) : f32_to_f16(vals[i]);
+    o.w.data = o.u16.data();
+  }
+  return o;
+}
+
+std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Conv2dRef, HandComputed) {
+  // 1 channel 3×3 input 1..9, 3×3 kernel of ones with padding 1: each output is the sum of the
+  // in-bounds neighbourhood. Bias 0.5.
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  auto w = make_weight(DType::kF32, {1, 1, 3, 3}, std::vector<float>(9, 1.0f));
+  auto b = make_weight(DType::kF32, {1}, {0.5f});
+  std::vector<float> y(9);
+  kernels::ref::conv2d(x.data(), 1, 1, 3, 3, w.w, &b.w, y.data(), kernels::Conv2dParams::same(3));
+  EXPECT_EQ(y, (std::vector<float>{12.5f, 21.5f, 16.5f, 27.5f, 45.5f, 33.5f, 24.5f, 39.5f, 28.5f}));
+
+  // Downsample2D: pad right/bottom by 1, stride 2, 3×3 ones: 4×4 input → 2×2 output.
+  std::vector<float> x4(16);
+  for (int i = 0; i < 16; ++i) x4[i] = static_cast<float>(i);
+  kernels::Conv2dParams pd;
+  pd.stride = 2;
+  pd.pad_bottom = pd.pad_right = 1;
+  ASSERT_EQ(kernels::conv2d_out_size(4, 3, 2, 0, 1, false), 2);
+  std::vector<float> y2(4);
+  kernels::ref::conv2d(x4.data(), 1, 1, 4, 4, w.w, nullptr, y2.data(), pd);
+  // out(0,0) = rows 0-2 cols 0-2: 0+1+2+4+5+6+8+9+10 = 45; out(0,1) = cols 2-3 (+pad) rows 0-2:
+  // 2+3+6+7+10+11 = 39; out(1,0) = rows 2-3: 8+9+10+12+13+14 = 66; out(1,1) = 10+11+14+15 = 50.
+  EXPECT_EQ(y2, (std::vector<float>{45, 39, 66, 50}));
+
+  // Upsample ×2 then 1×1 conv with weight 2: every input value appears in a 2×2 block, doubled.
+  auto w1 = make_weight(DType::kF32, {1, 1, 1, 1}, {2.0f});
+  kernels::Conv2dParams pu;
+  pu.upsample2x = true;
+  std::vector<float> x2 = {1, 2, 3, 4}, y4(16);
+  kernels::ref::conv2d(x2.data(), 1, 1, 2, 2, w1.w, nullptr, y4.data(), pu);
+  EXPECT_EQ(y4, (std::vector<float>{2, 2, 4, 4, 2, 2, 4, 4, 6, 6, 8, 8, 6, 6, 8, 8}));
+
+  // Prologue: scale 2, shift -1, SiLU; padding stays zero (not silu(shift)).
+  kernels::Conv2dParams pp = kernels::Conv2dParams::same(3);
+  const float sc = 2.0f, sh = -1.0f;
+  pp.in_scale = &sc;
+  pp.in_shift = &sh;
+  pp.in_silu = true;
+  std::vector<float> x1 = {0.25f}, y1(1);
+  kernels::ref::conv2d(x1.data(), 1, 1, 1, 1, w.w, nullptr, y1.data(), pp);
+  const float v = 2.0f * 0.25f - 1.0f;
+  EXPECT_NEAR(y1[0], v / (1 + std::exp(-v)), 1e-7);
+}
+
+struct ConvCase {
+  int64_t N, Cin, H, W, Cout, KH, KW;
+  int stride, pt, pb, pl, pr;
+  bool up, prologue, silu, accumulate, bias;
+};
+
+float check_case(const ConvCase& c, DType dt, ThreadPool& pool, std::mt19937& rng, bool use_blocked) {
+  const auto x = random_vec(c.N * c.Cin * c.H * c.W, rng, -2, 2);
+  auto w = make_weight(dt, {c.Cout, c.Cin, c.KH, c.KW}, random_vec(c.Cout * c.Cin * c.KH * c.KW, rng));
+  auto b = make_weight(DType::kBF16, {c.Cout}, random_vec(c.Cout, rng));
+  const auto scale = random_vec(c.Cin, rng, 0.5f, 1.5f), shift = random_vec(c.Cin, rng);
+  kernels::Conv2dParams p;
+  p.stride = c.stride;
+  p.pad_top = c.pt, p.pad_bottom = c.pb, p.pad_left = c.pl, p.pad_right = c.pr;
+  p.upsample2x = c.up;
+  if (c.prologue) p.in_scale = scale.data(), p.in_shift = shift.data();
+  p.in_silu = c.silu;
+  p.accumulate = c.accumulate;
+  const int64_t OH = kernels::conv2d_out_size(c.H, c.KH, c.stride, c.pt, c.pb, c.up);
+  const int64_t OW = kernels::conv2d_out_size(c.W, c.KW, c.stride, c.pl, c.pr, c.up);
+  EXPECT_GT(OH, 0);
+  EXPECT_GT(OW, 0);
+  const int64_t on = c.N * c.Cout * OH * OW;
+  std::vector<float> y = random_vec(on, rng), yr(y);  // random start: checks accumulate/overwrite
+  const Weight* bp = c.bias ? &b.w : nullptr;
+  if (use_blocked)
+    kernels::blocked::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
+  else
+    kernels::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
+  kernels::ref::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
+  float err = 0, mag = 0;
+  for (int64_t i = 0; i < on; ++i) {
+    err = std::isnan(y[i]) ? INFINITY : std::max(err, std::fabs(y[i] - yr[i]));
+    mag = std::max(mag, std::fabs(yr[i]));
+  }
+  return err / std::max(1.0f, mag);
+}
+
+std::vector<ConvCase> cases() {
+  std::vector<ConvCase> v;
+  //        N Cin  H   W Cout KH KW s pt pb pl pr   up    pro    silu   acc    bias
+  v.push_back({1, 3, 17, 19, 8, 3, 3, 1, 1, 1, 1, 1, false, false, false, false, true});
+  v.push_back({1, 16, 16, 32, 20, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});
+  v.push_back({2, 5, 9, 7, 7, 3, 3, 1, 1, 1, 1, 1, false, true, true, true, true});
+  v.push_back({1, 12, 20, 20, 9, 3, 3, 2, 0, 1, 0, 1, false, false, false, false, true});  // Downsample2D
+  v.push_back({1, 7, 33, 18, 13, 3, 3, 2, 0, 1, 0, 1, false, true, false, false, false});
+  v.push_back({1, 6, 8, 10, 11, 3, 3, 1, 1, 1, 1, 1, true, false, false, false, true});  // Upsample2D
+  v.push_back({1, 4, 5, 17, 6, 3, 3, 1, 1, 1, 1, 1, true, true, true, true, true});
+  v.push_back({1, 32, 16, 16, 32, 1, 1, 1, 0, 0, 0, 0, false, false, false, false, true});  // 1×1
+  v.push_back({1, 24, 9, 13, 40, 1, 1, 1, 0, 0, 0, 0, false, true, false, true, true});
+  v.push_back({1, 8, 6, 6, 5, 1, 1, 1, 0, 0, 0, 0, false, false, true, false, false});
+  v.push_back({1, 40, 12, 12, 7, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // K > 256
+  v.push_back({1, 3, 11, 9, 4, 5, 3, 1, 2, 2, 1, 1, false, false, false, false, true});  // 5×3
+  v.push_back({1, 2, 7, 7, 3, 3, 3, 3, 2, 0, 0, 2, false, true, true, false, true});  // stride 3, odd pads
+  v.push_back({1, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // 1×1 image
+  v.push_back({1, 64, 24, 40, 70, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // many blocks
+  return v;
+}
+
+TEST(Conv2d, FastMatchesRef) {
+  std::mt19937 rng(77);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  int i = 0;
+  for (const auto& c : cases())
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      ThreadPool& pool = (i++ % 3 == 0) ? pool1 : (i % 3 == 1 ? pool2 : pool3);
+      const float e = check_case(c, dt, pool, rng, false);
+      ASSERT_LE(e, 1e-5f) << "case Cin=" << c.Cin << " H=" << c.H << " W=" << c.W << " Cout=" << c.Cout
+                          << " k=" << c.KH << "x" << c.KW << " s=" << c.stride << " up=" << c.up
+                          << " dtype=" << dtype_name(dt) << " threads=" << pool.size();
+    }
+}
+
+TEST(Conv2d, BlockedMatchesRef) {
+  std::mt19937 rng(78);
+  ThreadPool pool(2);
+  for (const auto& c : cases()) {
+    const float e = check_case(c, DType::kBF16, pool, rng, true);
+    ASSERT_LE(e, 1e-5f) << "case Cin=" << c.Cin << " H=" << c.H << " W=" << c.W << " Cout=" << c.Cout;
+  }
+}
+
+TEST(Conv2d, OutSize) {
+  EXPECT_EQ(kernels::conv2d_out_size(64, 3, 1, 1, 1, false), 64);
+  EXPECT_EQ(kernels::conv2d_out_size(64, 3, 2, 0, 1, false), 32);
+  EXPECT_EQ(kernels::conv2d_out_size(65, 3, 2, 0, 1, false), 32);
+  EXPECT_EQ(kernels::conv2d_out_size(8, 3, 1, 1, 1, true), 16);
+  EXPECT_EQ(kernels::conv2d_out_size(1, 3, 1, 0, 0, false), 0);
+}
+
+TEST(Conv2d, RejectsMismatchedWeight) {
+  std::vector<float> x(2 * 4 * 4), y(16);
+  auto w = make_weight(DType::kF32, {1, 3, 3, 3}, std::vector<float>(27, 1.0f));
+  ThreadPool pool(1);
+  EXPECT_THROW(kernels::conv2d(x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
+                               kernels::Conv2dParams::same(3), pool),
+               std::invalid_argument);
+}
+
+// Throughput of the VAE's dominant conv shape (3×3, 512 → 512 at 64×64, bf16 weights). Prints
+// GFLOP/s; only checks that it ran. Set KLEIN_CONV_BENCH=1 for the larger repeat count.
+TEST(Conv2d, Speed512) {
+  const int64_t C = 512, H = 64, W = 64;
+  std::mt19937 rng(1);
+  const auto x = random_vec(C * H * W, rng);
+  auto w = make_weight(DType::kBF16, {C, C, 3, 3}, random_vec(C * C * 9, rng, -0.05f, 0.05f));
+  std::vector<float> y(C * H * W);
+  ThreadPool pool(2);
+  const int reps = std::getenv("KLEIN_CONV_BENCH") ? 5 : 1;
+  kernels::conv2d(x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r)
+    kernels::conv2d(x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  const double gflop = 2.0 * C * C * 9 * H * W / 1e9;
+  std::printf("[ conv2d ] 3x3 512->512 @64x64, 2 threads: %.1f ms, %.1f GFLOP/s\n", s * 1e3, gflop / s);
+  EXPECT_TRUE(std::isfinite(y[0]));
+}
+
+}  // namespace
+}  // namespace klein

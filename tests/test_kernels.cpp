@@ -1,0 +1,256 @@
+// Kernel tests: the scalar references against hand-computed values, then the dispatched (AVX2 on
+// x86) kernels against the references over many shapes, dtypes, strides and masks.
+//
+// Tolerances: references accumulate in double, fast paths in float32 with a different summation
+// order, so we bound  max|fast - ref| ≤ 1e-5 · max(1, max|ref|)  — a few float ulps scaled by the
+// output magnitude (inputs are O(1), K ≤ 300, so the true float error is ~1e-6 relative).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "core/weight.h"
+#include "kernels/kernels.h"
+
+namespace klein {
+namespace {
+
+// A Weight plus the storage it points to.
+struct OwnedWeight {
+  Weight w;
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  std::vector<int8_t> i8;
+  std::vector<float> scales;
+};
+
+// [rows, cols] weight of the given dtype with values from `vals` (rounded to that dtype).
+OwnedWeight make_weight(DType dt, int64_t rows, int64_t cols, const std::vector<float>& vals) {
+  OwnedWeight o;
+  o.w.name = "test.weight";
+  o.w.dtype = dt;
+  o.w.shape = cols > 0 ? Shape{rows, cols} : Shape{rows};
+  const int64_t n = static_cast<int64_t>(vals.size());
+  if (dt == DType::kF32) {
+    o.f32 = vals;
+    o.w.data = o.f32.data();
+  } else if (dt == DType::kBF16 || dt == DType::kF16) {
+    o.u16.resize(n);
+    for (int64_t i = 0; i < n; ++i)
+      o.u16[i] = dt == DType::kBF16 ? f32_to_bf16(vals[i]) : f32_to_f16(vals[i]);
+    o.w.data = o.u16.data();
+  } else if (dt == DType::kQ8Row) {
+    o.i8.resize(n);
+    o.scales.resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      float mx = 1e-8f;
+      for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, std::fabs(vals[r * cols + c]));
+      o.scales[r] = mx / 127.0f;
+      for (int64_t c = 0; c < cols; ++c)
+        o.i8[r * cols + c] = static_cast<int8_t>(std::lround(vals[r * cols + c] / o.scales[r]));
+    }
+    o.w.data = o.i8.data();
+    o.w.scales = o.scales.data();
+  }
+  return o;
+}
+
+std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// max|a - b| over the valid [rows, cols] part of two row-strided buffers, and max|b|.
+void compare(const float* a, const float* b, int64_t rows, int64_t cols, int64_t ld, float* err,
+             float* mag) {
+  *err = 0;
+  *mag = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = a[r * ld + c], y = b[r * ld + c];
+      *err = std::isnan(x) ? INFINITY : std::max(*err, std::fabs(x - y));
+      *mag = std::max(*mag, std::fabs(y));
+    }
+}
+
+TEST(KernelsRef, LinearHandComputed) {
+  // x = [[1, 2], [3, 4]], W = [[1, 0], [0, 1], [1, 1]], bias = [0.5, 0, -1]
+  const std::vector<float> x = {1, 2, 3, 4};
+  auto W = make_weight(DType::kF32, 3, 2, {1, 0, 0, 1, 1, 1});
+  auto b = make_weight(DType::kF32, 3, 0, {0.5f, 0, -1});
+  std::vector<float> y(6);
+  kernels::ref::linear(x.data(), 2, 2, W.w, &b.w, y.data());
+  EXPECT_EQ(y, (std::vector<float>{1.5f, 2, 2, 3.5f, 4, 6}));
+}
+
+TEST(KernelsRef, AttentionHandComputed) {
+  // One head, D = 2: q = k = identity rows, v = [[1, 2], [3, 4]], scale 1.
+  const std::vector<float> q = {1, 0, 0, 1}, k = {1, 0, 0, 1}, v = {1, 2, 3, 4};
+  const float e = std::exp(1.0f);
+  std::vector<float> out(4);
+  kernels::ref::attention(q.data(), k.data(), v.data(), out.data(), 2, 2, 1, 1, 2, 1.0f, {});
+  // Row 0 scores [1, 0] → weights [e, 1]/(e+1); row 1 scores [0, 1] → [1, e]/(e+1).
+  const float w0 = e / (e + 1), w1 = 1 / (e + 1);
+  EXPECT_NEAR(out[0], w0 * 1 + w1 * 3, 1e-6);
+  EXPECT_NEAR(out[1], w0 * 2 + w1 * 4, 1e-6);
+  EXPECT_NEAR(out[2], w1 * 1 + w0 * 3, 1e-6);
+  EXPECT_NEAR(out[3], w1 * 2 + w0 * 4, 1e-6);
+  // Causal: row 0 sees only key 0.
+  kernels::ref::attention(q.data(), k.data(), v.data(), out.data(), 2, 2, 1, 1, 2, 1.0f,
+                          {.causal = true});
+  EXPECT_FLOAT_EQ(out[0], 1);
+  EXPECT_FLOAT_EQ(out[1], 2);
+  EXPECT_NEAR(out[2], w1 * 1 + w0 * 3, 1e-6);
+  // key 0 invalid and causal: row 0 sees nothing → zeros; row 1 sees only key 1.
+  const uint8_t valid[2] = {0, 1};
+  kernels::ref::attention(q.data(), k.data(), v.data(), out.data(), 2, 2, 1, 1, 2, 1.0f,
+                          {.causal = true, .key_valid = valid});
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 3, 4}));
+}
+
+void check_linear(DType dt, int64_t M, int64_t N, int64_t K, bool bias, int64_t pad,
+                  ThreadPool& pool, std::mt19937& rng) {
+  const int64_t ldx = K + pad, ldy = N + 2 * pad;
+  const auto x = random_vec(M * ldx, rng);
+  auto W = make_weight(dt, N, K, random_vec(N * K, rng));
+  auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
+  std::vector<float> y(M * ldy, 7.0f), yr(M * ldy, 7.0f);  // 7 = sentinel in the row padding
+  kernels::linear(x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, pad ? ldx : 0,
+                  pad ? ldy : 0);
+  kernels::ref::linear(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), pad ? ldx : 0,
+                       pad ? ldy : 0);
+  float err, mag;
+  compare(y.data(), yr.data(), M, N, ldy, &err, &mag);
+  ASSERT_LE(err, 1e-5f * std::max(1.0f, mag))
+      << dtype_name(dt) << " M=" << M << " N=" << N << " K=" << K << " bias=" << bias
+      << " pad=" << pad << " threads=" << pool.size();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], 7.0f) << "wrote past row end";
+}
+
+TEST(Kernels, LinearMatchesRef) {
+  std::mt19937 rng(1234);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int64_t M : {1, 3, 7, 64, 130})
+      for (int64_t N : {1, 5, 16, 33, 100})
+        for (int64_t K : {1, 7, 64, 300}) {
+          const bool bias = (M + N + K) % 2 == 0;
+          check_linear(dt, M, N, K, bias, 0, pool2, rng);
+          check_linear(dt, M, N, K, !bias, 3, pool2, rng);
+        }
+  for (ThreadPool* p : {&pool1, &pool3})
+    for (int64_t M : {1, 4, 5, 130})
+      for (int64_t N : {33, 100}) check_linear(DType::kBF16, M, N, 300, true, 1, *p, rng);
+}
+
+TEST(Kernels, LinearLargeShapes) {
+  // Crosses the K-slice (256) and N-slab (256) blocking and both thread-split strategies.
+  std::mt19937 rng(99);
+  ThreadPool pool(2);
+  check_linear(DType::kBF16, 37, 530, 700, true, 0, pool, rng);
+  check_linear(DType::kF16, 200, 40, 520, false, 5, pool, rng);
+  check_linear(DType::kF32, 13, 260, 257, true, 0, pool, rng);
+}
+
+TEST(Kernels, LinearQuantizedFallback) {
+  std::mt19937 rng(5);
+  ThreadPool pool(2);
+  for (int64_t M : {1, 9, 70}) check_linear(DType::kQ8Row, M, 50, 128, true, 2, pool, rng);
+}
+
+struct AttnCase {
+  int64_t Sq, Sk;
+  int Hq, Hkv, D;
+  bool causal;
+  int valid_mode;  // 0: no key_valid, 1: random with key 0 invalid, 2: all invalid
+};
+
+void check_attention(const AttnCase& c, ThreadPool& pool, std::mt19937& rng, bool fused) {
+  const int64_t qw = int64_t{c.Hq} * c.D, kw = int64_t{c.Hkv} * c.D;
+  // fused: q, k, v interleaved in one [S, qw + 2 kw] buffer (as a fused QKV Linear writes it).
+  const int64_t S = std::max(c.Sq, c.Sk), ld = qw + 2 * kw;
+  std::vector<float> qkv, qs, ks, vs;
+  const float *q, *k, *v;
+  int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0;
+  if (fused) {
+    qkv = random_vec(S * ld, rng, -2, 2);
+    q = qkv.data(), k = qkv.data() + qw, v = qkv.data() + qw + kw;
+    ldq = ldk = ldv = ld;
+    ldo = qw + 3;
+  } else {
+    qs = random_vec(c.Sq * qw, rng, -2, 2);
+    ks = random_vec(c.Sk * kw, rng, -2, 2);
+    vs = random_vec(c.Sk * kw, rng);
+    q = qs.data(), k = ks.data(), v = vs.data();
+  }
+  std::vector<uint8_t> valid(c.Sk, 1);
+  if (c.valid_mode == 1) {
+    for (auto& b : valid) b = rng() % 4 != 0;
+    valid[0] = 0;  // with causal, query 0 then has no visible key
+  } else if (c.valid_mode == 2) {
+    std::fill(valid.begin(), valid.end(), 0);
+  }
+  const kernels::AttnMask mask{c.causal, c.valid_mode ? valid.data() : nullptr};
+  const int64_t ldo_r = ldo ? ldo : qw;
+  std::vector<float> o(c.Sq * ldo_r, NAN), r(c.Sq * ldo_r, NAN);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  kernels::attention(q, k, v, o.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, pool, ldq,
+                     ldk, ldv, ldo);
+  kernels::ref::attention(q, k, v, r.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, ldq, ldk,
+                          ldv, ldo);
+  float err, mag;
+  compare(o.data(), r.data(), c.Sq, qw, ldo_r, &err, &mag);
+  ASSERT_LE(err, 1e-5f * std::max(1.0f, mag))
+      << "Sq=" << c.Sq << " Sk=" << c.Sk << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
+      << " causal=" << c.causal << " valid=" << c.valid_mode << " fused=" << fused;
+  if (c.valid_mode == 2 || (c.valid_mode == 1 && c.causal))
+    for (int64_t d = 0; d < qw; ++d) ASSERT_EQ(o[d], 0.0f) << "masked row must be zeros";
+}
+
+TEST(Kernels, AttentionMatchesRef) {
+  std::mt19937 rng(42);
+  ThreadPool pool(2);
+  int n = 0;
+  for (int D : {8, 16, 128})
+    for (auto [Hq, Hkv] : {std::pair{2, 2}, {4, 2}, {4, 1}})
+      for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {5, 3}, {50, 50}, {37, 150},
+                            {130, 70}})
+        for (bool causal : {false, true})
+          for (int vm : {0, 1}) {
+            if (D == 128 && (Sq + Sk) % 3 != 0 && !(vm == 1 && causal)) continue;  // keep fast
+            check_attention({Sq, Sk, Hq, Hkv, D, causal, vm}, pool, rng, ++n % 2 == 0);
+          }
+  check_attention({40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
+  check_attention({300, 300, 3, 3, 20, true, 1}, pool, rng, true);  // D % 16 != 0, many blocks
+  ThreadPool pool1(1);
+  check_attention({100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
+}
+
+TEST(Kernels, AttentionLargeScoresStayFinite) {
+  // Scores of ±1e3 would overflow a naive exp; online softmax must subtract the running max.
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t S = 200;
+  const int D = 16;
+  auto q = random_vec(S * D, rng, -10, 10), k = random_vec(S * D, rng, -10, 10),
+       v = random_vec(S * D, rng);
+  std::vector<float> o(S * D), r(S * D);
+  kernels::attention(q.data(), k.data(), v.data(), o.data(), S, S, 1, 1, D, 1.0f, {}, pool);
+  kernels::ref::attention(q.data(), k.data(), v.data(), r.data(), S, S, 1, 1, D, 1.0f, {});
+  float err, mag;
+  compare(o.data(), r.data(), S, D, D, &err, &mag);
+  // Scores are sums of terms up to 100, so float32 rounding alone moves them by ~1e-5 (ref is
+  // double); the softmax weights inherit that relative error, hence the looser bound.
+  EXPECT_LE(err, 1e-4f * std::max(1.0f, mag));
+  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
+}
+
+}  // namespace
+}  // namespace klein

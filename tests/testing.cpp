@@ -1,0 +1,45 @@
+#include "testing.h"
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace klein::testing {
+
+std::filesystem::path data_dir() { return KLEIN_TEST_DATA; }
+std::filesystem::path tiny_model_dir() { return data_dir() / "tiny"; }
+
+std::filesystem::path make_temp_dir(const std::string& tag) {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path() /
+              ("klein_test_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
+  std::filesystem::create_directories(base);
+  return base;
+}
+
+static std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+CliResult run_cli(const std::string& args) {
+  auto dir = make_temp_dir("cli");
+  auto out = dir / "stdout", err = dir / "stderr";
+  std::string cmd = std::string("'") + KLEIN_CLI_PATH + "' " + args + " >'" + out.string() +
+                    "' 2>'" + err.string() + "' </dev/null";
+  int rc = std::system(cmd.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + (WIFSIGNALED(rc) ? WTERMSIG(rc) : 0);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace klein::testing

@@ -1,0 +1,96 @@
+// `klein generate`: prompt -> PNG.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "commands.h"
+#include "common.h"
+#include "klein/klein.h"
+#include "progress.h"
+
+namespace fs = std::filesystem;
+
+namespace klein::cli {
+
+namespace {
+// The tiny random-weight test model of the source tree: what `generate` runs when no --model is
+// given, so a fresh clone can try the whole pipeline without a download.
+std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny"; }
+}  // namespace
+
+Command make_generate_command() {
+  struct Opts {
+    std::string model, prompt, out, noise, noise_dtype = "f32", dump, dump_filter;
+    std::vector<std::string> refs;
+    int width = 0, height = 0, steps = 0, threads = 0;
+    uint64_t seed = 0;
+    bool quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  Command c;
+  c.attach_fn = [o](CLI::App& app) {
+    auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
+    s->add_option("--model,-m", o->model,
+                  "Model folder (diffusers layout). Default: the tiny random-weight test model in tests/data/tiny");
+    s->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+    s->add_option("-o,--output", o->out, "Output PNG path")->required();
+    s->add_option("--width,-W", o->width, "Image width in pixels (default 1024; floored to a multiple of 16)")
+        ->check(CLI::Range(16, 8192));
+    s->add_option("--height,-H", o->height, "Image height in pixels (default 1024; floored to a multiple of 16)")
+        ->check(CLI::Range(16, 8192));
+    s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models)")->check(CLI::Range(1, 1000));
+    auto* seed = s->add_option("--seed,-s", o->seed, "Seed of torch.Generator('cpu') for the initial noise (default 0)");
+    s->add_option("--noise", o->noise, "Initial noise (1,128,H/16,W/16) from a .npy instead of --seed")->excludes(seed);
+    s->add_option("--noise-dtype", o->noise_dtype,
+                  "Draw the seeded noise as a float32 (f32, default) or bfloat16 (bf16) diffusers pipeline does")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+    s->add_option("--ref", o->refs, "Reference image for editing (repeatable; not implemented yet)");
+    s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+    s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
+    s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
+    s->add_flag("--quiet,-q", o->quiet, "No progress output");
+    return s;
+  };
+  c.run = [o]() -> int {
+    const fs::path out(o->out);
+    std::string ext = out.extension().string();
+    for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (ext != ".png") return fail(invalid_argument(o->out + ": output must be a .png file"));
+    std::error_code ec;
+    if (!out.parent_path().empty() && !fs::is_directory(out.parent_path(), ec))
+      return fail(not_found(o->out + ": output folder " + out.parent_path().string() + " does not exist"));
+
+    GenerateOptions g;
+    g.model_dir = o->model.empty() ? default_model() : o->model;
+    if (o->model.empty() && !o->quiet)
+      std::fprintf(stderr, "note: no --model given; using the tiny random-weight test model (%s): the image is noise\n",
+                   g.model_dir.c_str());
+    g.prompt = o->prompt;
+    g.width = o->width;
+    g.height = o->height;
+    g.steps = o->steps;
+    g.seed = o->seed;
+    g.noise_npy = o->noise;
+    g.bf16_noise = o->noise_dtype == "bf16";
+    g.reference_images = o->refs;
+    g.threads = o->threads;
+    g.dump_dir = o->dump;
+    g.dump_filter = o->dump_filter;
+    Progress progress(o->quiet);
+    g.on_progress = progress.callback();
+    g.on_log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
+    auto r = generate(g);
+    progress.finish();
+    if (!r.ok()) return fail(r.status());
+    Status s = save_png(o->out, r->image, r->metadata);
+    if (!s.ok()) return fail(s);
+    if (!o->quiet) {
+      for (const auto& [phase, sec] : progress.phase_times()) std::fprintf(stderr, "  %-18s %8.2f s\n", phase.c_str(), sec);
+      std::fprintf(stderr, "wrote %s (%dx%d, %d steps)\n", o->out.c_str(), r->width, r->height, r->steps);
+    }
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace klein::cli

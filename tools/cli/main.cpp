@@ -1,0 +1,47 @@
+// klein: command-line front end. Subcommands live in cmd_*.cpp; each registers itself here.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "common.h"
+
+namespace klein::cli {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "klein: %s\n", s.to_string().c_str());
+  switch (s.code()) {
+    case Code::kInvalidArgument: return 2;
+    case Code::kCancelled: return 130;
+    default: return 1;
+  }
+}
+
+}  // namespace klein::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"klein.cpp — FLUX.2 [klein] inference engine (text-to-image and editing)", "klein"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("klein.cpp ") + KLEIN_VERSION);
+  std::vector<klein::cli::Command> cmds = klein::cli::all_commands();
+  for (auto& c : cmds) c.attach(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  for (auto& c : cmds)
+    if (c.sub && c.sub->parsed()) {
+      try {
+        return c.run();
+      } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "klein: out of memory\n");
+        return 1;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "klein: internal error: %s\n", e.what());
+        return 1;
+      }
+    }
+  return 2;
+}
