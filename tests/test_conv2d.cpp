@@ -147,6 +147,12 @@ std::vector<ConvCase> cases() {
   v.push_back({1, 2, 7, 7, 3, 3, 3, 3, 2, 0, 0, 2, false, true, true, false, true});  // stride 3, odd pads
   v.push_back({1, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // 1×1 image
   v.push_back({1, 64, 24, 40, 70, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // many blocks
+  // Small Cout (the direct path on x86): decoder conv_out, with and without extras.
+  v.push_back({1, 16, 9, 70, 3, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});
+  v.push_back({1, 9, 5, 33, 3, 3, 3, 1, 1, 1, 1, 1, false, true, true, true, true});
+  v.push_back({2, 5, 6, 7, 2, 3, 3, 1, 1, 1, 1, 1, true, true, false, false, true});
+  v.push_back({1, 7, 8, 16, 6, 3, 3, 1, 0, 2, 2, 0, false, false, false, false, false});
+  v.push_back({1, 4, 11, 40, 5, 3, 3, 1, 1, 1, 1, 1, false, false, true, false, true});
   return v;
 }
 

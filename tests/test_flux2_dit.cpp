@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -23,11 +22,7 @@ namespace {
 
 fs::path tiny_transformer() { return klein::testing::tiny_model_dir() / "transformer"; }
 
-// Reference root: tests/data/ref, or $KLEIN_REF_DIR (for checking against a freshly dumped set).
-fs::path ref_root() {
-  if (const char* e = std::getenv("KLEIN_REF_DIR"); e && *e) return e;
-  return klein::testing::data_dir() / "ref";
-}
+fs::path ref_root() { return klein::testing::data_dir() / "ref"; }
 
 // Names of the transformer cases in the manifest (kind "transformer").
 std::vector<std::string> dit_cases() {
@@ -75,9 +70,15 @@ fs::path edited_copy(const std::string& tag, const std::function<void(nlohmann::
   return dir;
 }
 
+// Loads `dir` (then deletes it) and returns the error message.
 std::string load_error(const fs::path& dir) {
-  auto m = Flux2Transformer::load(dir);
-  return m.ok() ? std::string("(loaded)") : m.status().to_string();
+  std::string r;
+  {
+    auto m = Flux2Transformer::load(dir);
+    r = m.ok() ? std::string("(loaded)") : m.status().to_string();
+  }
+  fs::remove_all(dir);
+  return r;
 }
 
 }  // namespace
@@ -203,11 +204,64 @@ TEST(Flux2Dit, MatchesDiffusersReference) {
       std::snprintf(line, sizeof line, "  %-22s vs %-48s rel err %.3g\n", ours.c_str(), theirs.c_str(), e);
       report += line;
     }
-    std::printf("[dit %s] output rel err %.3g (max|ref| path)\n%s", name.c_str(), err, report.c_str());
+    std::printf("[dit %s] output max|ours-ref|/max|ref| = %.3g; per module:\n%s", name.c_str(), err, report.c_str());
     EXPECT_LE(err, 1e-5) << "intermediate errors:\n" << report;
     EXPECT_LE(worst_intermediate, 1e-5) << report;
     fs::remove_all(dump_dir);
   }
+}
+
+// The float32 text-to-image runs (ref/t2i_*): every denoising step's transformer call, with the
+// real prompt embeddings and the scheduler's timesteps (1.0, 0.9545..., ...). Step k's input is
+// the noise (k = 1) or the latents after step k-1; latents are stored unpacked [1, 128, h, w].
+TEST(Flux2Dit, MatchesPipelineVelocities) {
+  auto manifest = read_json_file(ref_root() / "manifest.json");
+  if (!manifest.ok()) GTEST_SKIP() << "no reference manifest";
+  auto model = Flux2Transformer::load(tiny_transformer());
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ThreadPool pool(4);
+  RunContext ctx;
+  ctx.pool = &pool;
+  int checked = 0;
+  for (const auto& c : (*manifest)["cases"]) {
+    if (c.value("kind", "") != "t2i" || c.value("dtype", "") != "float32") continue;
+    const std::string name = c.value("dir", c.value("name", ""));
+    SCOPED_TRACE(name);
+    const fs::path dir = ref_root() / name;
+    const int h = c.at("tokens_h").get<int>(), w = c.at("tokens_w").get<int>();
+    const int64_t N = int64_t{h} * w;
+    const std::vector<double> ts = c.at("transformer_timestep_input").get<std::vector<double>>();
+    // prompt_embeds: "same as ref/<case>/prompt_embeds.npy"
+    const std::string pe_note = c.value("prompt_embeds", "");
+    const std::string pe_rel = pe_note.substr(pe_note.find("ref/") + 4);
+    Tensor txt = must_read(ref_root() / pe_rel).to_tensor();
+    ASSERT_EQ(txt.ndim(), 3);
+    const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(txt.dim(1)));
+    const Flux2Ids img_ids = flux2_image_ids(h, w, 0);
+    EXPECT_EQ(ids_from_npy(must_read(dir / "img_ids.npy")), img_ids);
+    auto pack = [&](const NpyArray& a) {  // [1, C, h, w] -> [N, C]
+      const auto v = a.to_f32();
+      const int64_t C = a.numel() / N;
+      Tensor t({N, C});
+      for (int64_t ch = 0; ch < C; ++ch)
+        for (int64_t n = 0; n < N; ++n) t.data()[n * C + ch] = v[ch * N + n];
+      return t;
+    };
+    for (size_t k = 1; k <= ts.size(); ++k) {
+      const std::string in_name = k == 1 ? "noise.npy" : "latents_step" + std::to_string(k - 1) + ".npy";
+      Tensor img = pack(must_read(dir / in_name));
+      Tensor ref = pack(must_read(dir / ("velocity_step" + std::to_string(k) + ".npy")));
+      auto out = model->forward(img, txt, static_cast<float>(ts[k - 1]), img_ids, txt_ids, ctx);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      ASSERT_EQ(out->numel(), ref.numel());
+      const double err = rel_err(out->data(), ref.data(), ref.numel());
+      std::printf("[dit %s step %zu, timestep %.9g] velocity max|ours-ref|/max|ref| = %.3g\n", name.c_str(), k,
+                  ts[k - 1], err);
+      EXPECT_LE(err, 1e-5) << "step " << k;
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "no float32 t2i fixtures";
 }
 
 TEST(Flux2Dit, ConfigContradictingTheWeightsNamesTheTensor) {
@@ -282,6 +336,10 @@ TEST(Flux2Dit, RejectsBadInputs) {
   Tensor img({4, 128}), txt({3, 48});
   const Flux2Ids iid = flux2_image_ids(2, 2), tid = flux2_text_ids(3);
   ASSERT_TRUE(m->forward(img, txt, 0.5f, iid, tid, ctx).ok());
+  Tensor no_txt({0, 48});  // no text tokens is allowed (attention over the image alone)
+  auto only_img = m->forward(img, no_txt, 0.5f, iid, {}, ctx);
+  ASSERT_TRUE(only_img.ok()) << only_img.status().to_string();
+  EXPECT_EQ(only_img->shape(), (Shape{4, 128}));
   Tensor bad_img({4, 64}), bad_txt({3, 47});
   EXPECT_EQ(m->forward(bad_img, txt, 0.5f, iid, tid, ctx).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(m->forward(img, bad_txt, 0.5f, iid, tid, ctx).status().code(), Code::kInvalidArgument);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -171,6 +172,30 @@ TEST(Flux2Vae, RejectsBadInputs) {
   RunContext cctx = ctx;
   cctx.should_cancel = [] { return true; };
   EXPECT_EQ(vae.decode(Tensor({1, 32, 2, 2}), cctx).status().code(), Code::kCancelled);
+}
+
+TEST(Flux2Vae, BatchIsPerItem) {
+  const Flux2Vae& vae = tiny_vae();
+  ThreadPool pool(2);
+  RunContext ctx;
+  ctx.pool = &pool;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  Tensor z({2, 32, 3, 2});
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = nd(rng);
+  auto both = vae.decode(z, ctx);
+  ASSERT_TRUE(both.ok()) << both.status().to_string();
+  ASSERT_EQ(both->shape(), (Shape{2, 3, 24, 16}));
+  Tensor z1({1, 32, 3, 2});
+  std::memcpy(z1.data(), z.data() + z1.numel(), z1.numel() * sizeof(float));
+  auto one = vae.decode(z1, ctx);
+  ASSERT_TRUE(one.ok());
+  for (int64_t i = 0; i < one->numel(); ++i) ASSERT_EQ(one->data()[i], both->data()[one->numel() + i]);
+  Tensor img({2, 3, 16, 24});
+  for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::tanh(nd(rng));
+  auto m = vae.encode_mean(img, ctx);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->shape(), (Shape{2, 32, 2, 3}));
 }
 
 // ------------------------------------------------------------------------------------------

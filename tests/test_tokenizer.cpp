@@ -29,10 +29,13 @@ void spit(const fs::path& p, std::string_view data) {
   f.write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
-// The real Qwen3 tokenizer shipped with the tiny model; KLEIN_TOKENIZER_DIR overrides it.
+// The real Qwen3 tokenizer.json, shipped with the tiny model (KLEIN_TOKENIZER_DIR is only a
+// fallback for a checkout that lacks it).
 fs::path tokenizer_dir() {
+  const fs::path shipped = testing::data_dir() / "tiny" / "tokenizer";
+  if (fs::exists(shipped / "tokenizer.json")) return shipped;
   if (const char* env = std::getenv("KLEIN_TOKENIZER_DIR")) return env;
-  return testing::data_dir() / "tiny" / "tokenizer";
+  return shipped;
 }
 
 const Tokenizer& qwen() {
@@ -127,6 +130,31 @@ TEST(Tokenizer, KnownIds) {
             (std::vector<int32_t>{151644, 872, 198, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271}));
 }
 
+// Unicode corners beyond the fixtures; ids from HF tokenizers 0.23.3 on the same tokenizer.json.
+// The texts are JSON string literals (so control characters can be written as escapes).
+TEST(Tokenizer, UnicodeCorners) {
+  const struct {
+    const char* what;
+    const char* json_text;
+    std::vector<int32_t> ids;
+  } cases[] = {
+      {"U+017F long s is 's' under (?i) in the contraction", R"("a'\u017fb")", {64, 6, 144815, 65}},
+      {"U+2028 / U+0085 are \\s but may prefix a letter run", R"("x\u2028y\u0085z")", {87, 378, 101, 88, 126, 227, 89}},
+      {"NBSP and ideographic space are \\s", R"("a \u00a0b\u3000\u3000c")", {64, 220, 4102, 65, 22441, 22441, 66}},
+      {"titlecase letter, letter numbers, No", R"("\u01c5emal \u216b\u2160 \u00bd")",
+       {131, 227, 336, 278, 220, 70467, 104, 70467, 254, 220, 26062}},
+      {"VT/FF are \\s, U+001C..U+001F are not", R"("\u000b\f\u001c\u001f x")", {199, 200, 216, 219, 856}},
+      {"NFC with a second combining mark", R"("e\u0301\u0301 A\u030a")", {963, 53839, 79252}},
+      {"broken special token before a real one", R"("<|im_start|<|im_start|>>")", {27, 91, 318, 4906, 91, 151644, 29}},
+      {"CRLF runs and trailing space runs", R"("\r\n\r\n  \n x")", {871, 2303, 856}},
+      {"mixed-case contractions, tab before one", R"("you'RE we'Ll  \t'd")", {9330, 94153, 582, 91426, 75, 256, 197, 4172}},
+  };
+  for (const auto& c : cases) {
+    const std::string text = json::parse(c.json_text).get<std::string>();
+    EXPECT_EQ(qwen().encode(text), c.ids) << c.what;
+  }
+}
+
 TEST(Tokenizer, PaddingEdgeCases) {
   const Tokenizer& tok = qwen();
   const std::vector<int32_t> ids = tok.encode("A cat holding a sign");
@@ -171,7 +199,9 @@ TEST(Tokenizer, DecodeRoundTrip) {
   EXPECT_EQ(tok.decode({9707, -1, 99999999, 1879}), "Hello world");  // unknown ids are skipped
   // A lone lead byte of a multi-byte character decodes to U+FFFD rather than invalid UTF-8.
   const std::vector<int32_t> euro = tok.encode("\xE2\x82\xAC");  // U+20AC: several byte tokens
-  if (euro.size() > 1) EXPECT_EQ(tok.decode({euro[0]}), "\xEF\xBF\xBD");
+  if (euro.size() > 1) {
+    EXPECT_EQ(tok.decode({euro[0]}), "\xEF\xBF\xBD");
+  }
 }
 
 TEST(Tokenizer, InvalidUtf8IsReplacedNotFatal) {
@@ -356,7 +386,9 @@ TEST(TokenizerErrors, TruncatedJson) {
     const fs::path dir = write_mini("tok_trunc", full.substr(0, cut));
     auto r = Tokenizer::load(dir);
     expect_error(r, Code::kFormatError, (dir / "tokenizer.json").string());
-    if (!r.ok()) EXPECT_NE(r.status().message().find("end of file"), std::string::npos) << r.status().to_string();
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("end of file"), std::string::npos) << r.status().to_string();
+    }
   }
 }
 

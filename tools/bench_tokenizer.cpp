@@ -49,14 +49,34 @@ void report(const char* what, const std::vector<Sample>& s) {
               *std::min_element(w.begin(), w.end()), *std::min_element(c.begin(), c.end()), s.size());
 }
 
-// A varied English image prompt, repeated until the templated text is past 512 tokens.
-const char* kParagraph =
+// A varied image prompt (no repeated paragraphs, so the word cache does not flatter the first
+// encode), repeated only if it is still short of 512 tokens.
+const char* kPrompt =
     "A sweeping aerial view of a terraced tea plantation in the misty highlands at sunrise, rows of "
     "emerald bushes curving along the hills like contour lines, pickers in bright scarves carrying "
     "woven baskets, a small wooden factory with a rusted tin roof and smoke drifting from its chimney. "
     "Soft volumetric light breaks through low clouds; dew sparkles on the leaves. Shot on a 35mm lens "
     "at f/2.8, 1/250s, ISO 200 - cinematic color grading, teal & orange, film grain, 8k, ultra-detailed, "
-    "award-winning photograph (National Geographic style), \"golden hour\" warmth, no text, no watermark. ";
+    "award-winning photograph (National Geographic style), \"golden hour\" warmth, no text, no watermark. "
+    "In the foreground, an elderly farmer with a weathered face and a straw hat inspects a handful of "
+    "freshly plucked buds; her calloused fingers are stained green. Behind her, a narrow-gauge railway "
+    "winds past a whitewashed shrine decorated with marigold garlands and brass bells. Two children chase "
+    "a scruffy terrier along the embankment while a steam locomotive, painted maroon with gold trim, "
+    "puffs toward a stone viaduct that spans a rushing waterfall. Mood: serene, nostalgic, hopeful. "
+    "Composition follows the rule of thirds, with leading lines drawn by the terraces and the railway "
+    "converging on the distant snow-capped peaks; atmospheric perspective softens the farthest ridges "
+    "into layered silhouettes of lilac and slate blue. Render the textures meticulously: glossy tea "
+    "leaves, rough bark of silver oaks planted for shade, peeling paint on the factory shutters, wet "
+    "gravel on the paths, the frayed edges of the pickers' shawls. Lighting: warm rim light from the "
+    "low sun, cool fill from the overcast sky, subtle god rays through drifting fog banks, specular "
+    "highlights on puddles. Avoid: oversaturation, plastic skin, distorted hands, extra limbs, blurry "
+    "faces, lens flare artifacts, chromatic aberration, jpeg compression, cropped heads, duplicated "
+    "figures. Style references: Steve McCurry's portraits, Hiroshi Yoshida's woodblock landscapes, and "
+    "the painterly matte backgrounds of classic animated films; aspect ratio 16:9, 4096x2304 pixels, "
+    "shallow depth of field on the farmer, everything else gently out of focus, 10-bit HDR master. "
+    "Extra details for the background: a flock of egrets lifting off a paddy field, a red post box "
+    "leaning at the crossing, prayer flags fluttering over the ridge, a lone cyclist pushing uphill "
+    "with sacks of rice strapped to the rack, and faint stars still visible in the western sky. ";
 
 }  // namespace
 
@@ -86,7 +106,7 @@ int main(int argc, char** argv) {
     loads.push_back({w1 - w0, c1 - c0});
     if (text.empty()) {
       if (prompt.empty()) {
-        while (tok->encode(Tokenizer::klein_template(prompt)).size() < 512) prompt += kParagraph;
+        while (tok->encode(Tokenizer::klein_template(prompt)).size() < 512) prompt += kPrompt;
       }
       text = Tokenizer::klein_template(prompt);
     }

@@ -27,8 +27,8 @@
 // sharded (--max-shard-mb, default 2000) and written atomically (temp file + rename).
 //
 // Example (from the repository root):
-//   klein-make_random_model --out /tmp/klein-random-4b --seed 0 \
-//       --tokenizer tests/data/tiny/tokenizer --dtype bf16 --text-layers 36
+//   klein-make_random_model --out /tmp/klein-random-4b --seed 0 --tokenizer tests/data/tiny/tokenizer
+//       --dtype bf16 --text-layers 36        (one command line)
 #include <CLI/CLI.hpp>
 
 #include <atomic>
@@ -85,7 +85,7 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 // Approximately standard normal: sum of four 16-bit uniforms (Irwin-Hall n=4), centred and
-// scaled to unit variance. Bounded by ±sqrt(12)/... = ±3.46.
+// scaled to unit variance. Bounded by ±2·sqrt(3) = ±3.46.
 inline float approx_normal(uint64_t r) {
   const uint32_t s = static_cast<uint32_t>(r & 0xffff) + static_cast<uint32_t>((r >> 16) & 0xffff) +
                      static_cast<uint32_t>((r >> 32) & 0xffff) + static_cast<uint32_t>(r >> 48);
@@ -397,7 +397,8 @@ Status write_json(const fs::path& path, const nlohmann::json& j) { return write_
 
 // Writes a component's weights: one file `<stem>.safetensors` when it fits in one shard,
 // otherwise `<stem>-0000k-of-0000n.safetensors` + `<stem>.safetensors.index.json`. Stale
-// weight files from an earlier run (another shard count) are removed afterwards.
+// weight files from an earlier run (another shard count, or an interrupted one) are removed
+// afterwards.
 Status write_component(Writer& w, const fs::path& dir, const std::string& stem, const std::vector<Spec>& specs,
                        int64_t max_shard_bytes, bool index_total_parameters) {
   std::vector<std::vector<Spec>> shards(1);
@@ -439,7 +440,9 @@ Status write_component(Writer& w, const fs::path& dir, const std::string& stem, 
   }
   for (const auto& de : fs::directory_iterator(dir)) {
     const std::string fn = de.path().filename().string();
-    const bool weights = fn.ends_with(".safetensors") || fn.ends_with(".safetensors.index.json");
+    // Weight files of an earlier run with another shard count, and temp files of an interrupted run.
+    const bool weights = fn.ends_with(".safetensors") || fn.ends_with(".safetensors.index.json") ||
+                         fn.find(".safetensors.tmp.") != std::string::npos;
     if (weights && !written.count(fn)) {
       std::error_code ec;
       fs::remove(de.path(), ec);

@@ -7,9 +7,10 @@
 //     padding is added after it, exactly as conv(pad(silu(gn(x)))) does;
 //   - nearest-neighbour ×2 upsampling of the input (diffusers Upsample2D) before padding;
 //   - accumulation into the output (out += conv(x)), for residual adds.
-// The fast path (AVX2/FMA on x86, src/kernels/cpu/conv2d_avx2.cpp) packs im2col panels of 128
-// output pixels × 256 reduction elements straight from the input (never a full im2col matrix)
-// and multiplies them with a 6×16 register-blocked micro-kernel, writing NCHW output directly.
+// The fast path (AVX2/FMA on x86, src/kernels/cpu/conv2d_avx2.cpp) packs im2col panels of
+// ≤ 256 output pixels × 256 reduction elements straight from the input (never a full im2col
+// matrix) and multiplies them with a 6×16 register-blocked micro-kernel; for ≤ 6 output
+// channels it convolves directly from padded input row strips.
 // Without AVX2 a portable path (im2col in pixel blocks + kernels::linear) runs instead.
 #pragma once
 

@@ -1,5 +1,6 @@
 // Runtime dispatch of the kernel entry points: validate and resolve strides once here, then run
 // the AVX2/FMA path when it is compiled in (x86-64) and this CPU has it, else the scalar ref.
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,8 +16,13 @@ namespace klein::kernels {
 bool cpu_has_avx2() {
 #if defined(KLEIN_X86)
   // F16C is needed by the f16 weight loads; every AVX2 CPU has it, but check rather than assume.
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+  // KLEIN_DISABLE_AVX2=1 forces the scalar references (to test or time the fallback).
+  static const bool ok = [] {
+    const char* off = std::getenv("KLEIN_DISABLE_AVX2");
+    if (off && *off && std::string(off) != "0") return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
   return ok;
 #else
   return false;

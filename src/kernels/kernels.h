@@ -41,7 +41,8 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
 }  // namespace ref
 
-// True when the AVX2/FMA/F16C paths are compiled in and this CPU supports them.
+// True when the AVX2/FMA/F16C paths are compiled in and this CPU supports them (and the
+// environment variable KLEIN_DISABLE_AVX2 is unset or "0"; set it to force the references).
 bool cpu_has_avx2();
 
 }  // namespace klein::kernels

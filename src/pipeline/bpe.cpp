@@ -71,9 +71,15 @@ size_t table_size(size_t n) {
   return cap;
 }
 
-std::string printable(std::string_view s) {
+}  // namespace
+
+const std::array<uint16_t, 256>& byte_to_char() { return tables().to_char; }
+
+std::string for_message(std::string_view s, size_t max_bytes) {
   std::string out;
-  for (unsigned char c : s) {
+  size_t i = 0;
+  for (; i < s.size() && out.size() < max_bytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7F) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02X", c);
@@ -82,12 +88,13 @@ std::string printable(std::string_view s) {
       out.push_back(static_cast<char>(c));
     }
   }
+  if (i < s.size()) {
+    while (!out.empty() && (static_cast<unsigned char>(out.back()) & 0xC0) == 0x80) out.pop_back();
+    if (!out.empty() && static_cast<unsigned char>(out.back()) >= 0xC0) out.pop_back();
+    out += "...";
+  }
   return out;
 }
-
-}  // namespace
-
-const std::array<uint16_t, 256>& byte_to_char() { return tables().to_char; }
 
 void byte_level_decode_append(std::string_view token, std::string& out) {
   const auto& from = tables().from_char;
@@ -232,8 +239,8 @@ Status BpeModel::finalize(const std::string& label) {
       const int32_t c = slots_[find_text(joined, probes[3 * k + 2].prefix, probes[3 * k + 2].hash)].id;
       if (a < 0 || b < 0 || c < 0) {
         const std::string_view missing = a < 0 ? left : b < 0 ? right : joined;
-        return format_error(label + ": merge " + std::to_string(base + k) + " ('" + printable(left) + "' '" +
-                            printable(right) + "'): token '" + printable(missing) + "' is not in the vocab");
+        return format_error(label + ": merge " + std::to_string(base + k) + " ('" + for_message(left) + "' '" +
+                            for_message(right) + "'): token '" + for_message(missing) + "' is not in the vocab");
       }
       keys[k] = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
       merged[k] = c;
@@ -338,6 +345,10 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>& out) co
     }
   }
   for (int32_t i = 0; i >= 0; i = syms[static_cast<size_t>(i)].next) out.push_back(syms[static_cast<size_t>(i)].id);
+  if (syms.capacity() > (size_t{1} << 20)) {  // do not keep a huge input's scratch per thread
+    syms = {};
+    heap = {};
+  }
 }
 
 }  // namespace klein::tok

@@ -304,6 +304,11 @@ void pretokenize_qwen2(std::string_view s, std::vector<Span>& pieces) {
     pieces.push_back(Span{offs[i], offs[i + len]});
     i += len;
   }
+  if (cps.capacity() > (size_t{1} << 20)) {  // do not keep a huge input's scratch per thread
+    cps = {};
+    offs = {};
+    cls = {};
+  }
 }
 
 }  // namespace klein::tok

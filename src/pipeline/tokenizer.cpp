@@ -49,7 +49,7 @@ bool AddedMatcher::find(std::string_view s, size_t from, size_t& pos, size_t& le
 Status TokenizerImpl::finish(const std::string& label) {
   int32_t max_id = bpe.max_id();
   for (const AddedToken& t : added) {
-    if (t.id < 0) return format_error(label + ": added token '" + t.content + "' has a negative id");
+    if (t.id < 0) return format_error(label + ": added token '" + for_message(t.content) + "' has a negative id");
     max_id = std::max(max_id, t.id);
   }
   vocab_size = static_cast<size_t>(max_id + 1);

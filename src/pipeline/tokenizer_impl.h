@@ -47,6 +47,9 @@ const std::array<uint16_t, 256>& byte_to_char();
 // outside the mapping is taken as its own UTF-8 bytes.
 void byte_level_decode_append(std::string_view token, std::string& out);
 
+// `s` made safe for a one-line message: control bytes as \xNN, cut after about max_bytes.
+std::string for_message(std::string_view s, size_t max_bytes = 80);
+
 class BpeModel {
  public:
   // Loading: tokens and merges in file order; finalize() resolves the merges to ids.

@@ -85,8 +85,8 @@ Result<Json> parse_small(std::string_view span, const std::string& label, const 
 }
 
 std::string type_of(const Json& j) {
-  if (j.is_object() && j.contains("type") && j["type"].is_string()) return j["type"].get<std::string>();
-  return j.dump().substr(0, 60);
+  if (j.is_object() && j.contains("type") && j["type"].is_string()) return for_message(j["type"].get<std::string>());
+  return for_message(j.dump(), 60);
 }
 
 bool flag(const Json& obj, const char* key, bool dflt) {
@@ -121,7 +121,7 @@ Status check_pre_tokenizer(const Json& j, const std::string& label) {
     return unsupported(what + "Split pattern is not a Regex");
   const std::string regex = (*pattern)["Regex"].get<std::string>();
   if (regex != kQwen2Pattern)
-    return unsupported(what + "Split regex is not the Qwen2 pattern (only that one is implemented): " + regex);
+    return unsupported(what + "Split regex is not the Qwen2 pattern (only that one is implemented): " + for_message(regex, 200));
   if (!split.contains("behavior") || split["behavior"] != "Isolated" || flag(split, "invert", false))
     return unsupported(what + "Split must have behavior Isolated and invert false");
   if (type_of(bl) != "ByteLevel") return unsupported(what + "second step '" + type_of(bl) + "' is not ByteLevel");
@@ -144,7 +144,7 @@ Status read_added_token(const Json& t, int64_t id, const std::string& label, Tok
   a.special = flag(t, "special", false);
   a.normalized = flag(t, "normalized", !a.special);  // HF's default for a missing field
   if (flag(t, "single_word", false) || flag(t, "lstrip", false) || flag(t, "rstrip", false))
-    return unsupported(label + ": added token '" + a.content + "' uses single_word/lstrip/rstrip, not supported");
+    return unsupported(label + ": added token '" + for_message(a.content) + "' uses single_word/lstrip/rstrip, not supported");
   impl.added.push_back(std::move(a));
   return Status::Ok();
 }
@@ -201,7 +201,7 @@ Status read_model(JsonCursor& cur, const std::string& label, TokenizerImpl& impl
           const size_t sp = merge.find(' ');
           if (sp == std::string::npos || sp == 0 || sp + 1 == merge.size() ||
               merge.find(' ', sp + 1) != std::string::npos)
-            return format_error(label + ": model.merges[" + std::to_string(i) + "] '" + merge +
+            return format_error(label + ": model.merges[" + std::to_string(i) + "] '" + for_message(merge) +
                                 "' is not of the form 'left right'");
           impl.bpe.add_merge(std::string_view(merge).substr(0, sp), std::string_view(merge).substr(sp + 1));
         } else if (c == '[') {  // ["left", "right"]
@@ -230,12 +230,12 @@ Status read_model(JsonCursor& cur, const std::string& label, TokenizerImpl& impl
       if (!cur.skip(&span)) return cur.error();
       KLEIN_ASSIGN_OR_RETURN(Json v, parse_small(span, label, "model"));
       if (key == "type" && !(v.is_string() && v.get<std::string>() == "BPE"))
-        return unsupported(label + ": model type " + v.dump() + " is not supported (only BPE)");
+        return unsupported(label + ": model type " + for_message(v.dump()) + " is not supported (only BPE)");
       if (key == "dropout" && !v.is_null() && !(v.is_number() && v.get<double>() == 0.0))
-        return unsupported(label + ": model.dropout " + v.dump() + " is not supported");
+        return unsupported(label + ": model.dropout " + for_message(v.dump()) + " is not supported");
       if ((key == "continuing_subword_prefix" || key == "end_of_word_suffix") && !v.is_null() &&
           !(v.is_string() && v.get<std::string>().empty()))
-        return unsupported(label + ": model." + key + " " + v.dump() + " is not supported");
+        return unsupported(label + ": model." + for_message(key) + " " + for_message(v.dump()) + " is not supported");
       if (key == "ignore_merges" && v.is_boolean() && v.get<bool>())
         return unsupported(label + ": model.ignore_merges true is not supported");
     }
@@ -355,7 +355,7 @@ Status load_vocab_merges(const std::string& vocab_path, const std::string& merge
         errno = 0;
         const long long id = std::strtoll(k.c_str(), &end, 10);
         if (k.empty() || *end != '\0' || errno != 0 || id < 0 || id >= std::numeric_limits<int32_t>::max())
-          return format_error(config_path + ": added_tokens_decoder key '" + k + "' is not a token id");
+          return format_error(config_path + ": added_tokens_decoder key '" + for_message(k) + "' is not a token id");
         KLEIN_RETURN_IF_ERROR(read_added_token(it.value(), id, config_path, impl));
       }
     }

@@ -1,16 +1,19 @@
 // AVX2/FMA conv2d as an implicit GEMM:  out[Cout, P] (+)= Wf[Cout, K] · col[K, P]  with
 // P = OH·OW output pixels and K = Cin·kh·kw (k = (ci·kh + ky)·kw + kx, the weight's own order).
 //
-// The work is split into tasks of (a block of kNB = 128 output pixels) × (a range of Cout rows),
+// The work is split into tasks of (a block of kNB = 256 output pixels) × (a range of Cout rows),
 // handed out dynamically to the pool's threads. Per task and per K slice of kKC = 256:
-//   - pack the im2col panel Bp[panel][kc][16] of the block's pixels straight from the input
-//     (applying the upsample / prologue / zero padding on the way; 128 KB, stays in L2);
+//   - pack the im2col panels Bp[panel][kc][16] of the block's pixels straight from the input
+//     (applying the upsample / prologue / zero padding on the way; 256 KB, stays in L2);
 //   - for every 6-row sliver of Wf (read in place, row stride K; 6 KB, stays in L1):
 //     6×16 FMA micro-kernel against each 16-pixel panel, accumulating into the NCHW output,
 //     whose rows are contiguous in the pixel index — so no transpose is ever needed.
 // The output block is first set to the bias (or has it added, when accumulating). Weights in
 // f16/bf16/quantized storage are expanded once per call to f32 (an f32 weight is used in place).
-// Memory: Wf (for a non-f32 weight) + 128 KB of panels per thread; nothing scales with the image.
+// With at most kDirectMaxCout output channels and stride 1 (the decoder's final conv), a direct
+// convolution over padded, transformed input row strips is used instead (see conv_direct).
+// Memory: Wf (for a non-f32 weight) + 256 KB of panels per thread; nothing scales with the
+// image except, on the direct path, one strip of kStripRows + kh − 1 input rows per thread.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -22,7 +25,7 @@
 namespace klein::kernels::avx2 {
 namespace {
 
-constexpr int64_t kNB = 128;  // output pixels per task (8 panels of 16)
+constexpr int64_t kNB = 256;  // output pixels per task (16 panels of 16)
 constexpr int64_t kKC = 256;  // reduction depth per packed slice
 
 struct Geom {
@@ -72,43 +75,68 @@ inline float fetch(const Geom& g, int64_t c, int64_t iy, int64_t ix) {
   return g.prologue ? transform1(g, c, v) : v;
 }
 
-// dst[k - k0][j] = col[k][p0 + j] for k in [k0, k0 + kc), j < np; zero for np ≤ j < 16.
-void pack_panel(const Geom& g, int64_t p0, int np, int64_t k0, int64_t kc, float* dst) {
+// The im2col panels of output pixels [pix0, pix0 + nb) for k in [k0, k0 + kc):
+//   bp[j][k − k0][jj] = col[k][pix0 + 16·j + jj]   (zero for pixels past nb).
+// k is the outer loop so each input row segment is read left to right across all the block's
+// panels (streaming, prefetch-friendly), not as one 64-byte piece per row per panel.
+void pack_block(const Geom& g, int64_t pix0, int64_t nb, int64_t k0, int64_t kc, float* bp) {
+  const int64_t n_panel = (nb + kNR - 1) / kNR;
+  const int64_t pstride = kc * kNR;
+  auto panel_np = [&](int64_t j) { return static_cast<int>(std::min<int64_t>(kNR, nb - j * kNR)); };
   if (g.pointwise) {
     const int64_t HW = g.H * g.W;
     for (int64_t kk = 0; kk < kc; ++kk) {
-      float* d = dst + kk * kNR;
-      const float* src = g.x + (k0 + kk) * HW + p0;
-      if (np == kNR) {
-        _mm256_storeu_ps(d, _mm256_loadu_ps(src));
-        _mm256_storeu_ps(d + 8, _mm256_loadu_ps(src + 8));
-        if (g.prologue) transform16(g, k0 + kk, d);
-      } else {
-        for (int j = 0; j < np; ++j) d[j] = g.prologue ? transform1(g, k0 + kk, src[j]) : src[j];
-        for (int j = np; j < kNR; ++j) d[j] = 0.0f;
+      const int64_t c = k0 + kk;
+      const float* src = g.x + c * HW + pix0;
+      for (int64_t j = 0; j < n_panel; ++j, src += kNR) {
+        float* d = bp + j * pstride + kk * kNR;
+        const int np = panel_np(j);
+        if (np == kNR) {
+          _mm256_storeu_ps(d, _mm256_loadu_ps(src));
+          _mm256_storeu_ps(d + 8, _mm256_loadu_ps(src + 8));
+          if (g.prologue) transform16(g, c, d);
+        } else {
+          for (int jj = 0; jj < np; ++jj) d[jj] = g.prologue ? transform1(g, c, src[jj]) : src[jj];
+          for (int jj = np; jj < kNR; ++jj) d[jj] = 0.0f;
+        }
       }
     }
     return;
   }
+  // Per-panel output coordinates. A panel that wraps to the next output row (only when OW is
+  // not a multiple of 16) keeps per-pixel coordinates and is gathered element by element.
+  struct Panel {
+    int64_t oy, ox0;
+    int np;
+    bool one_row;
+    int64_t oys[kNR], oxs[kNR];
+  };
+  Panel pan[kNB / kNR];
+  for (int64_t j = 0; j < n_panel; ++j) {
+    Panel& P = pan[j];
+    const int64_t p0 = pix0 + j * kNR;
+    P.np = panel_np(j);
+    P.oy = p0 / g.OW, P.ox0 = p0 % g.OW;
+    P.one_row = P.ox0 + P.np <= g.OW;
+    if (!P.one_row)
+      for (int jj = 0; jj < P.np; ++jj) P.oys[jj] = (p0 + jj) / g.OW, P.oxs[jj] = (p0 + jj) % g.OW;
+  }
   const int64_t khw = g.KH * g.KW;
   int64_t ci = k0 / khw, ky = (k0 % khw) / g.KW, kx = k0 % g.KW;
-  const int64_t oy0 = p0 / g.OW, ox0 = p0 % g.OW;
-  const bool one_row = ox0 + np <= g.OW;
-  // Panels that wrap to the next output row (only when OW is not a multiple of 16): per-pixel
-  // coordinates, scalar gather.
-  int64_t oys[kNR], oxs[kNR];
-  if (!one_row)
-    for (int j = 0; j < np; ++j) oys[j] = (p0 + j) / g.OW, oxs[j] = (p0 + j) % g.OW;
   const int s = g.s;
   for (int64_t kk = 0; kk < kc; ++kk) {
-    float* d = dst + kk * kNR;
-    if (!one_row) {
-      for (int j = 0; j < np; ++j)
-        d[j] = fetch(g, ci, oys[j] * s - g.pt + ky, oxs[j] * s - g.pl + kx);
-      for (int j = np; j < kNR; ++j) d[j] = 0.0f;
-    } else {
-      const int64_t iy = oy0 * s - g.pt + ky;
-      const int64_t ix0 = ox0 * s - g.pl + kx;
+    for (int64_t j = 0; j < n_panel; ++j) {
+      const Panel& P = pan[j];
+      const int np = P.np;
+      float* d = bp + j * pstride + kk * kNR;
+      if (!P.one_row) {
+        for (int jj = 0; jj < np; ++jj)
+          d[jj] = fetch(g, ci, P.oys[jj] * s - g.pt + ky, P.oxs[jj] * s - g.pl + kx);
+        for (int jj = np; jj < kNR; ++jj) d[jj] = 0.0f;
+        continue;
+      }
+      const int64_t iy = P.oy * s - g.pt + ky;
+      const int64_t ix0 = P.ox0 * s - g.pl + kx;
       if (iy < 0 || iy >= g.Hu) {
         std::memset(d, 0, kNR * sizeof(float));
       } else if (ix0 >= 0 && ix0 + (np - 1) * s < g.Wu) {
@@ -121,20 +149,20 @@ void pack_panel(const Geom& g, int64_t p0, int np, int64_t k0, int64_t kc, float
             std::memcpy(d, row + ix0, np * sizeof(float));
           }
         } else if (g.up) {
-          for (int j = 0; j < np; ++j) d[j] = row[(ix0 + j * s) >> 1];
+          for (int jj = 0; jj < np; ++jj) d[jj] = row[(ix0 + jj * s) >> 1];
         } else {
-          for (int j = 0; j < np; ++j) d[j] = row[ix0 + j * s];
+          for (int jj = 0; jj < np; ++jj) d[jj] = row[ix0 + jj * s];
         }
         if (np == kNR) {
           if (g.prologue) transform16(g, ci, d);
         } else {
           if (g.prologue)
-            for (int j = 0; j < np; ++j) d[j] = transform1(g, ci, d[j]);
-          for (int j = np; j < kNR; ++j) d[j] = 0.0f;
+            for (int jj = 0; jj < np; ++jj) d[jj] = transform1(g, ci, d[jj]);
+          for (int jj = np; jj < kNR; ++jj) d[jj] = 0.0f;
         }
       } else {
-        for (int j = 0; j < np; ++j) d[j] = fetch(g, ci, iy, ix0 + j * s);
-        for (int j = np; j < kNR; ++j) d[j] = 0.0f;
+        for (int jj = 0; jj < np; ++jj) d[jj] = fetch(g, ci, iy, ix0 + jj * s);
+        for (int jj = np; jj < kNR; ++jj) d[jj] = 0.0f;
       }
     }
     if (++kx == g.KW) {
@@ -142,6 +170,106 @@ void pack_panel(const Geom& g, int64_t p0, int np, int64_t k0, int64_t kc, float
       if (++ky == g.KH) ky = 0, ++ci;
     }
   }
+}
+
+// ---- Direct path for a handful of output channels (the decoder's final 128 → 3 conv) --------
+// With Cout ≤ kDirectMaxCout the implicit GEMM would pack (and transform) Cin·kh·kw values per
+// output pixel to do only Cout·Cin·kh·kw FMAs with them. Instead, per strip of kStripRows output
+// rows: build the strip's padded, transformed input rows once ([Cin][rows + kh − 1][Wpad]), then
+// slide: for every 32-pixel run and each tap, 4 vector loads feed up to 3 × 4 FMAs.
+constexpr int64_t kDirectMaxCout = 6;
+constexpr int64_t kStripRows = 4;
+constexpr int64_t kRun = 32;  // output pixels per inner tile (4 ymm per output channel)
+
+// xs[c][r][0 .. Wpad): the conv input rows iy = oy0 − pt + r (r < nr), padded left by pl,
+// transformed, zero outside the image (and in the tail up to Wpad).
+void build_strip(const Geom& g, int64_t oy0, int64_t nr, int64_t Wpad, float* xs) {
+  for (int64_t c = 0; c < g.Cin; ++c)
+    for (int64_t r = 0; r < nr; ++r) {
+      float* d = xs + (c * nr + r) * Wpad;
+      const int64_t iy = oy0 - g.pt + r;
+      std::memset(d, 0, Wpad * sizeof(float));
+      if (iy < 0 || iy >= g.Hu) continue;
+      const float* src = g.x + (c * g.H + (g.up ? iy >> 1 : iy)) * g.W;
+      float* v = d + g.pl;
+      const int64_t n = std::min(g.Wu, Wpad - g.pl);
+      if (g.up)
+        for (int64_t i = 0; i < n; ++i) v[i] = src[i >> 1];
+      else
+        std::memcpy(v, src, n * sizeof(float));
+      if (!g.prologue) continue;
+      int64_t i = 0;
+      for (; i + kNR <= n; i += kNR) transform16(g, c, v + i);
+      for (; i < n; ++i) v[i] = transform1(g, c, v[i]);
+    }
+}
+
+// out rows [co0, co0 + NCO) of output row oy (strip row rr), pixels [x0, x0 + kRun).
+template <int NCO>
+void direct_tile(const Geom& g, const float* xs, int64_t nr, int64_t Wpad, int64_t rr, int64_t x0,
+                 const float* wf, int64_t co0, const float* bias, bool accumulate, float* out,
+                 int64_t P, int64_t oy) {
+  __m256 acc[NCO][4];
+  for (int c = 0; c < NCO; ++c)
+    for (int q = 0; q < 4; ++q) acc[c][q] = _mm256_setzero_ps();
+  const int64_t khw = g.KH * g.KW;
+  for (int64_t ci = 0; ci < g.Cin; ++ci)
+    for (int64_t ky = 0; ky < g.KH; ++ky) {
+      const float* row = xs + (ci * nr + rr + ky) * Wpad + x0;
+      const float* wk = wf + co0 * g.K + ci * khw + ky * g.KW;
+      for (int64_t kx = 0; kx < g.KW; ++kx) {
+        const __m256 v0 = _mm256_loadu_ps(row + kx), v1 = _mm256_loadu_ps(row + kx + 8);
+        const __m256 v2 = _mm256_loadu_ps(row + kx + 16), v3 = _mm256_loadu_ps(row + kx + 24);
+        for (int c = 0; c < NCO; ++c) {
+          const __m256 w = _mm256_broadcast_ss(wk + c * g.K + kx);
+          acc[c][0] = _mm256_fmadd_ps(w, v0, acc[c][0]);
+          acc[c][1] = _mm256_fmadd_ps(w, v1, acc[c][1]);
+          acc[c][2] = _mm256_fmadd_ps(w, v2, acc[c][2]);
+          acc[c][3] = _mm256_fmadd_ps(w, v3, acc[c][3]);
+        }
+      }
+    }
+  const int64_t n = std::min(kRun, g.OW - x0);
+  for (int c = 0; c < NCO; ++c) {
+    alignas(32) float t[kRun];
+    for (int q = 0; q < 4; ++q) _mm256_store_ps(t + 8 * q, acc[c][q]);
+    float* o = out + (co0 + c) * P + oy * g.OW + x0;
+    const float b = bias[co0 + c];
+    if (accumulate)
+      for (int64_t j = 0; j < n; ++j) o[j] += t[j] + b;
+    else
+      for (int64_t j = 0; j < n; ++j) o[j] = t[j] + b;
+  }
+}
+
+void conv_direct(const Geom& g, const float* wf, const float* bias, bool accumulate, float* out,
+                 int64_t Cout, ThreadPool& pool) {
+  const int64_t P = g.OH * g.OW;
+  const int64_t n_run = (g.OW + kRun - 1) / kRun;
+  // Every tile reads xs[.., x0 + kx .. x0 + kx + kRun), so rows need n_run·kRun + kw − 1 floats.
+  const int64_t Wpad = n_run * kRun + g.KW - 1;
+  const int64_t n_strip = (g.OH + kStripRows - 1) / kStripRows;
+  std::atomic<int64_t> next{0};
+  pool.run([&](int, int) {
+    thread_local Scratch scratch;
+    for (int64_t st = next.fetch_add(1); st < n_strip; st = next.fetch_add(1)) {
+      const int64_t oy0 = st * kStripRows, rows = std::min(kStripRows, g.OH - oy0);
+      const int64_t nr = rows + g.KH - 1;
+      float* xs = scratch.get(static_cast<size_t>(g.Cin * nr * Wpad));
+      build_strip(g, oy0, nr, Wpad, xs);
+      for (int64_t rr = 0; rr < rows; ++rr)
+        for (int64_t x0 = 0; x0 < g.OW; x0 += kRun)
+          for (int64_t co = 0; co < Cout; co += 3) {
+            const int nco = static_cast<int>(std::min<int64_t>(3, Cout - co));
+            if (nco == 3)
+              direct_tile<3>(g, xs, nr, Wpad, rr, x0, wf, co, bias, accumulate, out, P, oy0 + rr);
+            else if (nco == 2)
+              direct_tile<2>(g, xs, nr, Wpad, rr, x0, wf, co, bias, accumulate, out, P, oy0 + rr);
+            else
+              direct_tile<1>(g, xs, nr, Wpad, rr, x0, wf, co, bias, accumulate, out, P, oy0 + rr);
+          }
+    }
+  });
 }
 
 }  // namespace
@@ -178,28 +306,33 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
   g.pointwise = KH == 1 && KW == 1 && p.stride == 1 && !g.up && p.pad_top == 0 &&
                 p.pad_bottom == 0 && p.pad_left == 0 && p.pad_right == 0;
 
-  // Tasks: pixel blocks × Cout chunks (chunks only when there are too few pixel blocks to keep
-  // every thread busy).
-  const int64_t n_pb = (P + kNB - 1) / kNB;
+  if (Cout <= kDirectMaxCout && p.stride == 1) {
+    for (int64_t n = 0; n < N; ++n) {
+      g.x = in + n * Cin * H * W;
+      conv_direct(g, wf, bvec.data(), p.accumulate, out + n * Cout * P, Cout, pool);
+    }
+    return;
+  }
+
+  const int64_t NB = kNB;
+  const int64_t n_pb = (P + NB - 1) / NB;
   const int64_t n_sliver = (Cout + kMR - 1) / kMR;
   const int64_t want = 4 * static_cast<int64_t>(pool.size());
   const int64_t n_cc = std::clamp<int64_t>((want + n_pb - 1) / n_pb, 1, n_sliver);
   const int64_t cc_rows = (n_sliver + n_cc - 1) / n_cc * kMR;
   const int64_t n_tasks = n_pb * n_cc;
-
   for (int64_t n = 0; n < N; ++n) {
     g.x = in + n * Cin * H * W;
     float* o = out + n * Cout * P;
     std::atomic<int64_t> next{0};
     pool.run([&](int, int) {
       thread_local Scratch scratch;
-      float* bp = scratch.get(static_cast<size_t>(kNB * kKC));
+      float* bp = scratch.get(static_cast<size_t>(NB * kKC));
       for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
         const int64_t pb = t / n_cc, cc = t % n_cc;
-        const int64_t pix0 = pb * kNB, nb = std::min(kNB, P - pix0);
+        const int64_t pix0 = pb * NB, nb = std::min(NB, P - pix0);
         const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
         if (c0 >= c1) continue;
-        // Bias into (or onto) the output block.
         for (int64_t co = c0; co < c1; ++co) {
           float* row = o + co * P + pix0;
           if (!p.accumulate) {
@@ -211,10 +344,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
         const int64_t n_panel = (nb + kNR - 1) / kNR;
         for (int64_t k0 = 0; k0 < K; k0 += kKC) {
           const int64_t kc = std::min(kKC, K - k0);
-          for (int64_t j = 0; j < n_panel; ++j) {
-            const int np = static_cast<int>(std::min<int64_t>(kNR, nb - j * kNR));
-            pack_panel(g, pix0 + j * kNR, np, k0, kc, bp + j * kc * kNR);
-          }
+          pack_block(g, pix0, nb, k0, kc, bp);
           for (int64_t co = c0; co < c1; co += kMR) {
             const int rows = static_cast<int>(std::min<int64_t>(kMR, c1 - co));
             const float* a = wf + co * K + k0;

@@ -1,0 +1,152 @@
+// End-to-end text-to-image against diffusers' Flux2KleinPipeline (fp32) on the tiny model:
+// same seed -> same noise, same latents after every step, same decoded image, same 8-bit PNG.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "io/json_file.h"
+#include "io/npy.h"
+#include "klein/klein.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct T2ICase {
+  std::string name;
+  int width, height, steps;
+  uint64_t seed;
+  std::string prompt;
+};
+
+std::vector<T2ICase> t2i_cases() {
+  std::vector<T2ICase> r;
+  auto j = klein::read_json_file(klein::testing::data_dir() / "ref" / "manifest.json");
+  if (!j.ok()) return r;
+  for (const auto& c : (*j)["cases"])
+    if (c.value("kind", "") == "t2i" && c.value("dtype", "") == "float32")
+      r.push_back({c["name"], c["width"], c["height"], c["num_inference_steps"], c["seed"], c["prompt"]});
+  return r;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::fabs(b[i])));
+  }
+  return m > 0 ? d / m : d;
+}
+
+std::vector<float> load(const fs::path& p) {
+  auto a = klein::read_npy(p);
+  EXPECT_TRUE(a.ok()) << a.status().to_string();
+  return a.ok() ? a->to_f32() : std::vector<float>{};
+}
+
+}  // namespace
+
+class TextToImageRef : public ::testing::TestWithParam<T2ICase> {};
+
+TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
+  const T2ICase& c = GetParam();
+  const fs::path ref = klein::testing::data_dir() / "ref" / c.name;
+  auto dump = klein::testing::make_temp_dir("t2i");
+  klein::GenerateOptions o;
+  o.model_dir = klein::testing::tiny_model_dir().string();
+  o.prompt = c.prompt;
+  o.width = c.width;
+  o.height = c.height;
+  o.steps = c.steps;
+  o.seed = c.seed;
+  o.threads = 2;
+  o.dump_dir = dump.string();
+  auto r = klein::generate(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->width, c.width);
+  EXPECT_EQ(r->height, c.height);
+
+  // Seeded noise is bit-identical to torch's.
+  EXPECT_EQ(load(dump / "noise.npy"), load(ref / "noise.npy"));
+  for (int k = 1; k <= c.steps; ++k) {
+    const std::string n = "latents_step" + std::to_string(k) + ".npy";
+    EXPECT_LE(rel_err(load(dump / n), load(ref / n)), 1e-4) << n;
+  }
+  EXPECT_LE(rel_err(load(dump / "latents_final.npy"), load(ref / "latents_final.npy")), 1e-4);
+  const double img_err = rel_err(load(dump / "image.npy"), load(ref / "image.npy"));
+  EXPECT_LE(img_err, 1e-4) << "float image";
+
+  // 8-bit output: equal in >= 99.9 % of samples, never more than 1 apart.
+  auto u8 = klein::read_npy(ref / "image_u8.npy");
+  ASSERT_TRUE(u8.ok());
+  ASSERT_EQ(u8->bytes.size(), r->image.rgb.size());
+  size_t diff = 0;
+  int maxd = 0;
+  for (size_t i = 0; i < u8->bytes.size(); ++i) {
+    const int d = std::abs(static_cast<int>(u8->bytes[i]) - static_cast<int>(r->image.rgb[i]));
+    diff += d != 0;
+    maxd = std::max(maxd, d);
+  }
+  const double equal = 1.0 - static_cast<double>(diff) / u8->bytes.size();
+  std::printf("[ info ] %s: float image rel err %.3g, 8-bit equal %.4f%%, max diff %d\n", c.name.c_str(), img_err,
+              100 * equal, maxd);
+  EXPECT_GE(equal, 0.999);
+  EXPECT_LE(maxd, 1);
+  fs::remove_all(dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, TextToImageRef, ::testing::ValuesIn(t2i_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(TextToImage, FixturesArePresent) { EXPECT_GE(t2i_cases().size(), 2u); }
+
+TEST(TextToImage, CliWritesPngWithParameters) {
+  auto dir = klein::testing::make_temp_dir("gen");
+  auto out = dir / "out.png";
+  auto r = klein::testing::run_cli("generate --prompt 'a red fox' -W 40 -H 33 --seed 7 -o '" + out.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("not a multiple of 16"), std::string::npos) << r.err;  // floored, with a warning
+  EXPECT_NE(r.err.find("random-weight test model"), std::string::npos) << r.err;
+  std::ifstream f(out, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string png = ss.str();
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  // IHDR: width 32, height 32 (floored from 40x33).
+  auto be32 = [&](size_t o) {
+    return (static_cast<uint8_t>(png[o]) << 24) | (static_cast<uint8_t>(png[o + 1]) << 16) |
+           (static_cast<uint8_t>(png[o + 2]) << 8) | static_cast<uint8_t>(png[o + 3]);
+  };
+  EXPECT_EQ(be32(16), 32u);
+  EXPECT_EQ(be32(20), 32u);
+  for (const char* s : {"prompt", "a red fox", "seed", "steps", "size", "32x32", "model", "klein.cpp"})
+    EXPECT_NE(png.find(s), std::string::npos) << s;
+  fs::remove_all(dir);
+}
+
+TEST(TextToImage, NonFiniteResultIsAnErrorNotAPicture) {
+  auto dir = klein::testing::make_temp_dir("gen_nan");
+  std::vector<float> huge(128 * 2 * 2, 3e38f);
+  ASSERT_TRUE(klein::write_npy(dir / "noise.npy", klein::DType::kF32, {1, 128, 2, 2}, huge.data()).ok());
+  auto out = dir / "out.png";
+  auto r = klein::testing::run_cli("generate --prompt x -W 32 -H 32 --noise '" + (dir / "noise.npy").string() +
+                                   "' -q -o '" + out.string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("non-finite"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  // Wrong noise shape for the size.
+  r = klein::testing::run_cli("generate --prompt x -W 64 -H 64 --noise '" + (dir / "noise.npy").string() +
+                              "' -q -o '" + out.string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("[1, 128, 4, 4]"), std::string::npos) << r.err;
+  // Not a PNG path.
+  r = klein::testing::run_cli("generate --prompt x -W 32 -H 32 -q -o '" + (dir / "out.jpg").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(".png"), std::string::npos) << r.err;
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().extension(), ".npy") << e.path();
+  fs::remove_all(dir);
+}
