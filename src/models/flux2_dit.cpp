@@ -35,13 +35,10 @@ std::vector<float> flux2_timestep_sinusoid(float t, int64_t channels) {
   const float neg_log = static_cast<float>(-std::log(10000.0));
   for (int64_t i = 0; i < half; ++i) {
     const float exponent = (neg_log * static_cast<float>(i)) / static_cast<float>(half);
-    // exp rounded correctly to float (via double) ...
-    float freq = static_cast<float>(std::exp(static_cast<double>(exponent)));
-    // ... except where PyTorch's x86 CPU exp (MKL vsExp, what the float32 reference runs) returns
-    // the next float up. For the 256-channel embedding that is i = 12 and i = 106 (checked over
-    // all 128 values, torch 2.x). The arguments reach ~1000 rad, so one ulp of a frequency moves
-    // the embedding by ~2e-5 and was 90% of the remaining difference to the reference.
-    if (half == 128 && (i == 12 || i == 106)) freq = std::nextafter(freq, 1.0f);
+    // exp correctly rounded to float (via double). PyTorch's x86 CPU exp (MKL) is one ulp high
+    // for 2 of the 128 frequencies (i = 12, 106); we do not copy that platform quirk: it moves the
+    // fp32 reference by ~6e-6 relative at most, and CUDA's exp differs again.
+    const float freq = static_cast<float>(std::exp(static_cast<double>(exponent)));
     const float arg = t * freq;  // fp32 product, as timesteps[:, None].float() * emb
     // flip_sin_to_cos: cos half first. Evaluate in double and round: the correctly rounded value.
     emb[i] = static_cast<float>(std::cos(static_cast<double>(arg)));

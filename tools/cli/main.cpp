@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "klein: invalid argument: %s (see --help)\n", e.what());
+    return 2;
   }
   for (auto& c : cmds)
     if (c.sub && c.sub->parsed()) {

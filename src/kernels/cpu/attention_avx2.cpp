@@ -1,11 +1,11 @@
 // AVX2 flash-style attention. Unit of work (and of parallelism): one query head × a block of
-// kBQ queries. It walks the visible keys in blocks of kBK with an online softmax, so only a
-// kBK×kBQ score tile ever exists. Both products run on the GEMM micro-kernel:
-//   Sᵀ[kBK, kBQ] = K[kBK, D] · Qᵀ[D, kBQ]  K rows are read in place (row-major A operand);
-//                                          Qᵀ is packed once per task, pre-scaled by
-//                                          scale·log2(e) so scores come out in log2 units.
-//   O[kBQ, D]  += P[kBQ, kBK] · V[kBK, D]  P is read from the transposed tile Pᵀ = Sᵀ
-//                                          (column-major A operand); V block packed to panels.
+// BQ queries. It walks the visible keys in blocks of kBK with an online softmax, so only a
+// kBK×BQ score tile ever exists. Both products run on the GEMM micro-kernel:
+//   Sᵀ[kBK, BQ] = K[kBK, D] · Qᵀ[D, BQ]   K rows are read in place (row-major A operand);
+//                                         Qᵀ is packed once per task, pre-scaled by
+//                                         scale·log2(e) so scores come out in log2 units.
+//   O[BQ, D]  += P[BQ, kBK] · V[kBK, D]   P is read from the transposed tile Pᵀ = Sᵀ
+//                                         (column-major A operand); V block packed to panels.
 // Keeping scores transposed puts the queries along the vector lanes, so the softmax max/sum
 // over keys are plain vertical ops (no horizontal reductions) and exp runs 8 queries at once.
 // Per query i the running max m_i and sum l_i rescale O when a block raises the max; the
@@ -21,7 +21,11 @@
 namespace klein::kernels::avx2 {
 namespace {
 
-constexpr int64_t kBQ = 96;  // queries per task: 6 panels of 16, 16 micro-kernel slivers of 6
+// Queries per task (BQ): each task re-reads its head's K and V, so a larger block means less
+// memory traffic per flop; but with a causal mask the diagonal block is half wasted work, so
+// causal attention uses the smaller one. Multiples of 16 (Qᵀ panels) and of 6 (slivers).
+constexpr int64_t kBQFull = 192;
+constexpr int64_t kBQCausal = 96;
 constexpr int64_t kBK = 96;  // keys per block: 16 slivers of 6
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
@@ -34,16 +38,17 @@ struct Args {
   float scale;
   AttnMask mask;
   int64_t ldq, ldk, ldv, ldo;
+  int64_t bq;  // queries per task: kBQFull or kBQCausal
 };
 
 struct Buffers {
-  float* qt;    // [kBQ/16][D][16]  Qᵀ panels, scaled
-  float* st;    // [kBK][kBQ]       scores, then probabilities (transposed)
+  float* qt;    // [BQ/16][D][16]   Qᵀ panels, scaled
+  float* st;    // [kBK][BQ]        scores, then probabilities (transposed)
   float* vp;    // [Dp/16][kBK][16] V block panels, zero padded past D
-  float* o;     // [kBQ][Dp]        unnormalised output
-  float* m;     // [kBQ] running max (log2 units)
-  float* l;     // [kBQ] running sum
-  float* corr;  // [kBQ] this block's rescale factor for O
+  float* o;     // [BQ][Dp]         unnormalised output
+  float* m;     // [BQ] running max (log2 units)
+  float* l;     // [BQ] running sum
+  float* corr;  // [BQ] this block's rescale factor for O
   uint8_t* kinv;  // [kBK] 1 where key_valid says the key is masked
 };
 
@@ -92,12 +97,13 @@ void pack_v(const float* v, int64_t ldv, int64_t nk, int D, float* vp) {
 void softmax_block(const Args& a, const Buffers& b, int64_t i0, int64_t j0, int64_t nk, int64_t c,
                    bool causal_blk, bool any_inv) {
   const __m256 ninf = _mm256_set1_ps(kNegInf);
+  const int64_t bq = a.bq;
   float* s = b.st + c;
   if (causal_blk || any_inv) {  // write -inf where key j is not visible to query i0 + c + lane
     const __m256 qidx = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(i0 + c)),
                                       _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7));
     for (int64_t j = 0; j < nk; ++j) {
-      float* row = s + j * kBQ;
+      float* row = s + j * bq;
       if (any_inv && b.kinv[j]) {
         _mm256_storeu_ps(row, ninf);
       } else if (causal_blk) {
@@ -108,15 +114,15 @@ void softmax_block(const Args& a, const Buffers& b, int64_t i0, int64_t j0, int6
     }
   }
   __m256 mx = ninf;
-  for (int64_t j = 0; j < nk; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * kBQ));
+  for (int64_t j = 0; j < nk; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * bq));
   const __m256 mold = _mm256_loadu_ps(b.m + c);
   const __m256 mnew = _mm256_max_ps(mold, mx);
   // Still -inf only when nothing was visible so far; then exp2_neg(NaN) = 0 keeps O, l at 0.
   const __m256 corr = exp2_neg(_mm256_sub_ps(mold, mnew));
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < nk; ++j) {
-    const __m256 p = exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j * kBQ), mnew));  // -inf → 0
-    _mm256_storeu_ps(s + j * kBQ, p);
+    const __m256 p = exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j * bq), mnew));  // -inf → 0
+    _mm256_storeu_ps(s + j * bq, p);
     sum = _mm256_add_ps(sum, p);
   }
   _mm256_storeu_ps(b.m + c, mnew);
@@ -128,12 +134,13 @@ void run_task(const Args& a, int h, int64_t i0, const Buffers& b) {
   const int D = a.D;
   const int64_t Dp = (D + kNR - 1) / kNR * kNR;
   const int g = h / (a.Hq / a.Hkv);
-  const int64_t nq = std::min(kBQ, a.Sq - i0);
+  const int64_t bq = a.bq;
+  const int64_t nq = std::min(bq, a.Sq - i0);
   const int64_t nq8 = (nq + 7) / 8 * 8, npan = (nq + kNR - 1) / kNR;
   pack_qt(a.q + i0 * a.ldq + static_cast<int64_t>(h) * D, a.ldq, nq, D, a.scale * kLog2e, b.qt);
   std::fill(b.o, b.o + nq * Dp, 0.0f);
-  std::fill(b.m, b.m + kBQ, kNegInf);
-  std::fill(b.l, b.l + kBQ, 0.0f);
+  std::fill(b.m, b.m + bq, kNegInf);
+  std::fill(b.l, b.l + bq, 0.0f);
   const float* kh = a.k + static_cast<int64_t>(g) * D;  // K of this kv head: [Sk, D] at ldk
   const float* vh = a.v + static_cast<int64_t>(g) * D;
   // Causal: the block's last query sees keys ≤ i0 + nq - 1; later keys are masked for all.
@@ -157,7 +164,7 @@ void run_task(const Args& a, int h, int64_t i0, const Buffers& b) {
       const int rows = static_cast<int>(std::min<int64_t>(kMR, nk - r));
       for (int64_t p = 0; p < npan; ++p)
         ukernel_rows(rows, kh + (j0 + r) * a.ldk, a.ldk, b.qt + p * D * kNR, kNR, D,
-                     b.st + r * kBQ + p * kNR, kBQ, false, nullptr);
+                     b.st + r * bq + p * kNR, bq, false, nullptr);
     }
     for (int64_t c = 0; c < nq8; c += 8) softmax_block(a, b, i0, j0, nk, c, causal_blk, any_inv);
     for (int64_t i = 0; i < nq; ++i) {
@@ -183,7 +190,7 @@ void run_task(const Args& a, int h, int64_t i0, const Buffers& b) {
         }
       const int rows = static_cast<int>(std::min<int64_t>(kMR, nq - r));
       for (int64_t p = 0; p < Dp / kNR; ++p)
-        ukernel_rows<true>(rows, b.st + r, kBQ, b.vp + p * nk * kNR, kNR, nk,
+        ukernel_rows<true>(rows, b.st + r, bq, b.vp + p * nk * kNR, kNR, nk,
                            b.o + r * Dp + p * kNR, Dp, true, nullptr);
     }
   }
@@ -199,30 +206,31 @@ void run_task(const Args& a, int h, int64_t i0, const Buffers& b) {
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
                int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
                ThreadPool& pool, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
-  const Args a{q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo};
-  const int64_t nqb = (Sq + kBQ - 1) / kBQ;
+  const int64_t bq = mask.causal ? kBQCausal : kBQFull;
+  const Args a{q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo, bq};
+  const int64_t nqb = (Sq + bq - 1) / bq;
   const int64_t tasks = nqb * Hq;
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
     static thread_local Scratch buf;
     const int64_t Dp = (D + kNR - 1) / kNR * kNR;
-    const size_t n_qt = kBQ * Dp, n_st = kBK * kBQ, n_vp = kBK * Dp, n_o = kBQ * Dp;
-    float* base = buf.get(n_qt + n_st + n_vp + n_o + 3 * kBQ + kBK);
+    const size_t n_qt = bq * Dp, n_st = kBK * bq, n_vp = kBK * Dp, n_o = bq * Dp;
+    float* base = buf.get(n_qt + n_st + n_vp + n_o + 3 * bq + kBK);
     Buffers b;
     b.qt = base;
     b.st = b.qt + n_qt;
     b.vp = b.st + n_st;
     b.o = b.vp + n_vp;
     b.m = b.o + n_o;
-    b.l = b.m + kBQ;
-    b.corr = b.l + kBQ;
-    b.kinv = reinterpret_cast<uint8_t*>(b.corr + kBQ);
+    b.l = b.m + bq;
+    b.corr = b.l + bq;
+    b.kinv = reinterpret_cast<uint8_t*>(b.corr + bq);
     // Dynamic scheduling, head-major so that the threads work through one head's K/V at a
     // time (it then stays in L3); within a head the last query blocks go first, as with a
     // causal mask they cost most.
     for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
       const int64_t qblk = nqb - 1 - t % nqb;
-      run_task(a, static_cast<int>(t / nqb), qblk * kBQ, b);
+      run_task(a, static_cast<int>(t / nqb), qblk * bq, b);
     }
   });
 }

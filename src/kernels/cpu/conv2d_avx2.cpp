@@ -39,7 +39,20 @@ struct Geom {
   bool silu;
   bool prologue;  // scale, shift or silu present
   bool pointwise;  // 1×1, stride 1, no padding, no upsampling: col row k = input plane k
+  // Optional pre-transformed strip of the conv input frame (see build_pack_strip): rows
+  // [s_r0, s_r0 + s_nr) and columns [s_x0, s_x0 + s_ld) of channels from s_c0, with up and
+  // prologue already applied (the Geom using it has them off).
+  const float* strip = nullptr;
+  int64_t s_c0 = 0, s_r0 = 0, s_nr = 0, s_ld = 0, s_x0 = 0;
 };
+
+// Row iy (in bounds) of channel c in the conv input frame: column ix is row[ix − col_off(g)],
+// or row[ix >> 1] with upsampling (which a strip never has: it is expanded already).
+inline const float* row_ptr(const Geom& g, int64_t c, int64_t iy) {
+  if (g.strip) return g.strip + ((c - g.s_c0) * g.s_nr + iy - g.s_r0) * g.s_ld;
+  return g.x + (c * g.H + (g.up ? iy >> 1 : iy)) * g.W;
+}
+inline int64_t col_off(const Geom& g) { return g.strip ? g.s_x0 : 0; }
 
 inline float silu1(float v) { return v / (1.0f + std::exp(-v)); }
 
@@ -70,9 +83,50 @@ inline void transform16(const Geom& g, int64_t c, float* d) {
 // the conv's input frame; 0 outside.
 inline float fetch(const Geom& g, int64_t c, int64_t iy, int64_t ix) {
   if (iy < 0 || iy >= g.Hu || ix < 0 || ix >= g.Wu) return 0.0f;
-  if (g.up) iy >>= 1, ix >>= 1;
-  const float v = g.x[(c * g.H + iy) * g.W + ix];
+  const float* row = row_ptr(g, c, iy);
+  const float v = g.up ? row[ix >> 1] : row[ix - col_off(g)];
   return g.prologue ? transform1(g, c, v) : v;
+}
+
+// Upsampling and the prologue cost per packed element, and a 3×3 conv packs every input value
+// 9 times. So when either is present, the rows a (block, K slice) needs are first expanded and
+// transformed once into a strip — channels [c_lo, c_hi), input rows and columns clipped to the
+// image — and the panels are packed from it. Returns the Geom that reads the strip.
+Geom build_pack_strip(const Geom& g, int64_t pix0, int64_t nb, int64_t k0, int64_t kc,
+                      Scratch& scratch) {
+  const int64_t khw = g.KH * g.KW;
+  const int64_t c_lo = k0 / khw, c_hi = (k0 + kc - 1) / khw + 1;
+  const int64_t oy_a = pix0 / g.OW, oy_b = (pix0 + nb - 1) / g.OW;
+  const int64_t r_lo = std::max<int64_t>(0, oy_a * g.s - g.pt);
+  const int64_t r_hi = std::min<int64_t>(g.Hu, oy_b * g.s - g.pt + g.KH);
+  int64_t x_lo = 0, x_hi = g.Wu;
+  if (oy_a == oy_b) {
+    x_lo = std::max<int64_t>(0, (pix0 % g.OW) * g.s - g.pl);
+    x_hi = std::min<int64_t>(g.Wu, ((pix0 + nb - 1) % g.OW) * g.s - g.pl + g.KW);
+  }
+  Geom s = g;
+  s.up = false;
+  s.prologue = false;
+  s.s_c0 = c_lo, s.s_r0 = r_lo, s.s_x0 = x_lo;
+  s.s_nr = std::max<int64_t>(0, r_hi - r_lo);
+  s.s_ld = std::max<int64_t>(0, x_hi - x_lo);
+  float* S = scratch.get(static_cast<size_t>(std::max<int64_t>(1, (c_hi - c_lo) * s.s_nr * s.s_ld)));
+  s.strip = S;
+  const int64_t ld = s.s_ld;
+  for (int64_t c = c_lo; c < c_hi; ++c)
+    for (int64_t r = r_lo; r < r_hi; ++r) {
+      const float* src = g.x + (c * g.H + (g.up ? r >> 1 : r)) * g.W;
+      float* d = S + ((c - c_lo) * s.s_nr + r - r_lo) * ld;
+      if (g.up)
+        for (int64_t i = 0; i < ld; ++i) d[i] = src[(x_lo + i) >> 1];
+      else
+        std::memcpy(d, src + x_lo, ld * sizeof(float));
+      if (!g.prologue) continue;
+      int64_t i = 0;
+      for (; i + kNR <= ld; i += kNR) transform16(g, c, d + i);
+      for (; i < ld; ++i) d[i] = transform1(g, c, d[i]);
+    }
+  return s;
 }
 
 // The im2col panels of output pixels [pix0, pix0 + nb) for k in [k0, k0 + kc):
@@ -140,18 +194,19 @@ void pack_block(const Geom& g, int64_t pix0, int64_t nb, int64_t k0, int64_t kc,
       if (iy < 0 || iy >= g.Hu) {
         std::memset(d, 0, kNR * sizeof(float));
       } else if (ix0 >= 0 && ix0 + (np - 1) * s < g.Wu) {
-        const float* row = g.x + (ci * g.H + (g.up ? iy >> 1 : iy)) * g.W;
-        if (!g.up && s == 1) {
-          if (np == kNR) {
-            _mm256_storeu_ps(d, _mm256_loadu_ps(row + ix0));
-            _mm256_storeu_ps(d + 8, _mm256_loadu_ps(row + ix0 + 8));
-          } else {
-            std::memcpy(d, row + ix0, np * sizeof(float));
-          }
-        } else if (g.up) {
+        const float* row = row_ptr(g, ci, iy);
+        if (g.up) {
           for (int jj = 0; jj < np; ++jj) d[jj] = row[(ix0 + jj * s) >> 1];
         } else {
-          for (int jj = 0; jj < np; ++jj) d[jj] = row[ix0 + jj * s];
+          const float* src = row + (ix0 - col_off(g));  // column ix0
+          if (s == 1 && np == kNR) {
+            _mm256_storeu_ps(d, _mm256_loadu_ps(src));
+            _mm256_storeu_ps(d + 8, _mm256_loadu_ps(src + 8));
+          } else if (s == 1) {
+            std::memcpy(d, src, np * sizeof(float));
+          } else {
+            for (int jj = 0; jj < np; ++jj) d[jj] = src[jj * s];
+          }
         }
         if (np == kNR) {
           if (g.prologue) transform16(g, ci, d);
@@ -314,6 +369,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
     return;
   }
 
+  const bool use_strip = (g.prologue || g.up) && !g.pointwise;
   const int64_t NB = kNB;
   const int64_t n_pb = (P + NB - 1) / NB;
   const int64_t n_sliver = (Cout + kMR - 1) / kMR;
@@ -326,7 +382,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
     float* o = out + n * Cout * P;
     std::atomic<int64_t> next{0};
     pool.run([&](int, int) {
-      thread_local Scratch scratch;
+      thread_local Scratch scratch, strip_scratch;
       float* bp = scratch.get(static_cast<size_t>(NB * kKC));
       for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
         const int64_t pb = t / n_cc, cc = t % n_cc;
@@ -344,7 +400,10 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
         const int64_t n_panel = (nb + kNR - 1) / kNR;
         for (int64_t k0 = 0; k0 < K; k0 += kKC) {
           const int64_t kc = std::min(kKC, K - k0);
-          pack_block(g, pix0, nb, k0, kc, bp);
+          if (use_strip)
+            pack_block(build_pack_strip(g, pix0, nb, k0, kc, strip_scratch), pix0, nb, k0, kc, bp);
+          else
+            pack_block(g, pix0, nb, k0, kc, bp);
           for (int64_t co = c0; co < c1; co += kMR) {
             const int rows = static_cast<int>(std::min<int64_t>(kMR, c1 - co));
             const float* a = wf + co * K + k0;
