@@ -229,6 +229,9 @@ TEST(Kernels, AttentionMatchesRef) {
           }
   check_attention({40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
   check_attention({300, 300, 3, 3, 20, true, 1}, pool, rng, true);  // D % 16 != 0, many blocks
+  // Several query blocks without a causal mask (the fast path uses larger blocks then).
+  check_attention({400, 130, 2, 1, 16, false, 1}, pool, rng, false);
+  check_attention({250, 100, 2, 2, 128, false, 0}, pool, rng, true);
   ThreadPool pool1(1);
   check_attention({100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
 }

@@ -15,8 +15,10 @@ Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string
   if (te_dir.class_name != "Qwen3ForCausalLM" && te_dir.class_name != "Qwen3Model")
     return unsupported((model.root() / "model_index.json").string() + ": text_encoder class \"" +
                        te_dir.class_name + "\" (klein uses Qwen3ForCausalLM)");
+  ctx.report("tokenize", 0, 1);
   KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
   auto padded = tok.encode_padded(Tokenizer::klein_template(prompt), max_length);
+  ctx.report("tokenize", 1, 1);
 
   const int deepest = *std::max_element(kKleinTextTaps.begin(), kKleinTextTaps.end());
   KLEIN_ASSIGN_OR_RETURN(auto enc, Qwen3Encoder::load(te_dir.dir, deepest));

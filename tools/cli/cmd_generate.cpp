@@ -1,4 +1,5 @@
 // `klein generate`: prompt -> PNG.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -79,6 +80,7 @@ Command make_generate_command() {
     Progress progress(o->quiet);
     g.on_progress = progress.callback();
     g.on_log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
+    const auto t0 = std::chrono::steady_clock::now();
     auto r = generate(g);
     progress.finish();
     if (!r.ok()) return fail(r.status());
@@ -86,6 +88,8 @@ Command make_generate_command() {
     if (!s.ok()) return fail(s);
     if (!o->quiet) {
       for (const auto& [phase, sec] : progress.phase_times()) std::fprintf(stderr, "  %-18s %8.2f s\n", phase.c_str(), sec);
+      std::fprintf(stderr, "  %-18s %8.2f s\n", "total",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       std::fprintf(stderr, "wrote %s (%dx%d, %d steps)\n", o->out.c_str(), r->width, r->height, r->steps);
     }
     return 0;
