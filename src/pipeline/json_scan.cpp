@@ -7,7 +7,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace klein::json {
+namespace klein::tok {
 namespace {
 
 constexpr int kMaxDepth = 512;  // deeper nesting is rejected rather than recursing unboundedly
@@ -50,7 +50,7 @@ std::string describe(const char* p, const char* end) {
 
 }  // namespace
 
-bool Cursor::fail(std::string what) {
+bool JsonCursor::fail(std::string what) {
   if (err_at_ == nullptr) {
     err_at_ = p_;
     what_ = std::move(what);
@@ -58,7 +58,7 @@ bool Cursor::fail(std::string what) {
   return false;
 }
 
-Status Cursor::error() const {
+Status JsonCursor::error() const {
   const char* at = err_at_ ? err_at_ : p_;
   int line = 1, col = 1;
   for (const char* q = begin_; q < at && q < end_; ++q) {
@@ -73,7 +73,7 @@ Status Cursor::error() const {
                       std::to_string(col) + ": " + (what_.empty() ? "parse error" : what_));
 }
 
-char Cursor::peek() {
+char JsonCursor::peek() {
   // Pretty-printed files (tokenizer.json) are about half indentation, so whitespace is skipped
   // 16 bytes at a time where SSE2 is there (always on x86-64).
 #if defined(__SSE2__)
@@ -95,13 +95,13 @@ char Cursor::peek() {
   return p_ < end_ ? *p_ : '\0';
 }
 
-bool Cursor::expect(char c) {
+bool JsonCursor::expect(char c) {
   if (peek() != c || p_ == end_) return fail(describe(p_, end_) + ", expected '" + c + "'");
   ++p_;
   return true;
 }
 
-bool Cursor::obj_next(bool& first, std::string& key, bool& has) {
+bool JsonCursor::obj_next(bool& first, std::string& key, bool& has) {
   char c = peek();
   if (first) {
     first = false;
@@ -126,7 +126,7 @@ bool Cursor::obj_next(bool& first, std::string& key, bool& has) {
   return true;
 }
 
-bool Cursor::arr_next(bool& first, bool& has) {
+bool JsonCursor::arr_next(bool& first, bool& has) {
   char c = peek();
   if (first) {
     first = false;
@@ -149,7 +149,7 @@ bool Cursor::arr_next(bool& first, bool& has) {
   return true;
 }
 
-bool Cursor::string(std::string& out) {
+bool JsonCursor::string(std::string& out) {
   if (peek() != '"' || p_ == end_) return fail(describe(p_, end_) + ", expected a string");
   ++p_;
   out.clear();
@@ -213,7 +213,7 @@ bool Cursor::string(std::string& out) {
   }
 }
 
-bool Cursor::integer(int64_t& out, int64_t lo, int64_t hi) {
+bool JsonCursor::integer(int64_t& out, int64_t lo, int64_t hi) {
   char c = peek();
   const char* start = p_;
   bool neg = false;
@@ -249,7 +249,7 @@ bool Cursor::integer(int64_t& out, int64_t lo, int64_t hi) {
   return true;
 }
 
-bool Cursor::number() {
+bool JsonCursor::number() {
   if (p_ < end_ && *p_ == '-') ++p_;
   if (p_ >= end_) return fail("unexpected end of file in a number");
   if (*p_ == '0') {
@@ -273,14 +273,14 @@ bool Cursor::number() {
   return true;
 }
 
-bool Cursor::literal(std::string_view word) {
+bool JsonCursor::literal(std::string_view word) {
   if (static_cast<size_t>(end_ - p_) < word.size() || std::memcmp(p_, word.data(), word.size()) != 0)
     return fail(describe(p_, end_) + ", expected a value");
   p_ += word.size();
   return true;
 }
 
-bool Cursor::skip(std::string_view* span) {
+bool JsonCursor::skip(std::string_view* span) {
   peek();
   const char* start = p_;
   if (!skip_depth(0)) return false;
@@ -288,7 +288,7 @@ bool Cursor::skip(std::string_view* span) {
   return true;
 }
 
-bool Cursor::skip_depth(int depth) {
+bool JsonCursor::skip_depth(int depth) {
   if (depth > kMaxDepth) return fail("nesting too deep");
   char c = peek();
   if (p_ >= end_) return fail("unexpected end of file, expected a value");
@@ -350,4 +350,4 @@ bool Cursor::skip_depth(int depth) {
   }
 }
 
-}  // namespace klein::json
+}  // namespace klein::tok

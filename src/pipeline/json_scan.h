@@ -17,11 +17,11 @@
 
 #include "core/status.h"
 
-namespace klein::json {
+namespace klein::tok {
 
-class Cursor {
+class JsonCursor {
  public:
-  Cursor(std::string_view text, std::string file_label)
+  JsonCursor(std::string_view text, std::string file_label)
       : begin_(text.data()), p_(text.data()), end_(text.data() + text.size()),
         file_(std::move(file_label)) {}
 
@@ -65,4 +65,4 @@ class Cursor {
   const char* err_at_ = nullptr;
 };
 
-}  // namespace klein::json
+}  // namespace klein::tok

@@ -23,7 +23,6 @@ namespace klein {
 namespace tok {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
-using JsonCursor = ::klein::json::Cursor;
 
 FileText& FileText::operator=(FileText&& o) noexcept {
   if (this != &o) {

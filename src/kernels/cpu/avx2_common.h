@@ -1,5 +1,5 @@
-// Building blocks shared by the AVX2 kernels: the register-blocked FMA micro-kernel, an 8-lane
-// exp, dtype-converting loads and per-thread scratch. Include ONLY from *_avx2.cpp files: the
+// Building blocks shared by the AVX2 kernels (gemm, attention, conv2d): the register-blocked FMA
+// micro-kernel, 8-lane exp / exp2, dtype-converting loads, an 8×8 transpose, per-thread scratch. Include ONLY from *_avx2.cpp files: the
 // code needs -mavx2 -mfma -mf16c and must never run before the runtime CPU check in dispatch.cpp.
 #pragma once
 
