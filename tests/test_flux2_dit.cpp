@@ -257,7 +257,10 @@ TEST(Flux2Dit, MatchesPipelineVelocities) {
       const double err = rel_err(out->data(), ref.data(), ref.numel());
       std::printf("[dit %s step %zu, timestep %.9g] velocity max|ours-ref|/max|ref| = %.3g\n", name.c_str(), k,
                   ts[k - 1], err);
-      EXPECT_LE(err, 1e-5) << "step " << k;
+      // 2e-5, not 1e-5: at t = 1000 the sinusoid's arguments reach 1000 rad, and the reference's
+      // x86 MKL exp is one ulp off for two of the frequencies (see flux2_timestep_sinusoid); we
+      // keep the correctly rounded exp. The component fixtures (dit_*) hold 1e-5.
+      EXPECT_LE(err, 2e-5) << "step " << k;
       ++checked;
     }
   }

@@ -7,13 +7,14 @@
 //       the micro-kernel streams contiguous f32 and the conversion cost is paid once per M rows;
 //       for every 6-row sliver of x: 6×16 FMA micro-kernel over each panel, accumulating in y.
 //   KC×NC = 256×256 floats = 256 KB keeps the packed slab in L2 (512 KB); a KC×16 panel (16 KB)
-//   and the 6×KC x sliver (6 KB) fit L1 together. Threads split N (each packs only its own
-//   panels, so no redundant conversion); when N is too narrow to split they split M instead.
+//   and the 6×KC x sliver (6 KB) fit L1 together. Threads take N slabs dynamically (each slab
+//   packed once, so no redundant conversion); when N is too narrow they split M instead.
 // Small M (≤ 4, e.g. GEMV when decoding): memory-bound, so no packing — each W row is converted
 //   on the fly and dotted with the M rows of x while it is in registers.
 // Quantized weights (kQ8Row, kQ4G64, f8) are first expanded row-wise through weight_row_to_f32:
 //   correct, not fast (int8 compute is a later step).
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "kernels/cpu/avx2_common.h"
@@ -198,10 +199,15 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
   if (nt == 1 || (panels < nt && M < 2 * kMR * nt)) {
     gemm_block(x, ldx, 0, M, K, W, 0, N, bias, y, ldy);
   } else if (panels >= 8 * nt || M < 4 * kMR * nt) {
-    // Split N in whole panels: each thread packs and converts only its own share of W.
-    pool.run([&](int t, int n) {
-      const int64_t pb = panels * t / n, pe = panels * (t + 1) / n;
-      if (pb < pe) gemm_block(x, ldx, 0, M, K, W, pb * kNR, std::min(N, pe * kNR), bias, y, ldy);
+    // Split N into slabs handed out dynamically: each slab of W is packed and converted by
+    // exactly one thread, and a thread that gets less CPU (shared machine) simply takes fewer
+    // slabs. Slabs are ≤ kNC wide and narrow enough to give every thread at least two.
+    const int64_t width = std::min<int64_t>(kNC, (N + 2 * nt * kNR - 1) / (2 * nt * kNR) * kNR);
+    const int64_t slabs = (N + width - 1) / width;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      for (int64_t sl; (sl = next.fetch_add(1, std::memory_order_relaxed)) < slabs;)
+        gemm_block(x, ldx, 0, M, K, W, sl * width, std::min(N, (sl + 1) * width), bias, y, ldy);
     });
   } else {
     // Narrow W, tall x: split M in whole 6-row slivers; each thread packs all of (small) W.
