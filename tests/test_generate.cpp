@@ -2,6 +2,7 @@
 // same seed -> same noise, same latents after every step, same decoded image, same 8-bit PNG.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -17,9 +18,11 @@ namespace {
 
 struct T2ICase {
   std::string name;
-  int width, height, steps;
+  int width, height, steps;  // the output size
   uint64_t seed;
   std::string prompt;
+  int width_arg = 0, height_arg = 0;  // what the pipeline was called with (0 = None)
+  std::vector<std::string> refs;      // reference images (editing), files in the case folder
 };
 
 std::vector<T2ICase> t2i_cases() {
@@ -28,7 +31,13 @@ std::vector<T2ICase> t2i_cases() {
   if (!j.ok()) return r;
   for (const auto& c : (*j)["cases"])
     if (c.value("kind", "") == "t2i" && c.value("dtype", "") == "float32")
-      r.push_back({c["name"], c["width"], c["height"], c["num_inference_steps"], c["seed"], c["prompt"]});
+    {
+      T2ICase t{c["name"], c["width"], c["height"], c["num_inference_steps"], c["seed"], c["prompt"]};
+      t.width_arg = c.contains("width_arg") && c["width_arg"].is_number() ? c["width_arg"].get<int>() : t.width;
+      t.height_arg = c.contains("height_arg") && c["height_arg"].is_number() ? c["height_arg"].get<int>() : t.height;
+      if (c.contains("refs")) t.refs = c["refs"].get<std::vector<std::string>>();
+      r.push_back(std::move(t));
+    }
   return r;
 }
 
@@ -58,8 +67,9 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
   klein::GenerateOptions o;
   o.model_dir = klein::testing::tiny_model_dir().string();
   o.prompt = c.prompt;
-  o.width = c.width;
-  o.height = c.height;
+  o.width = c.width_arg;
+  o.height = c.height_arg;
+  for (const auto& f : c.refs) o.reference_images.push_back((ref / f).string());
   o.steps = c.steps;
   o.seed = c.seed;
   o.threads = 2;
@@ -69,6 +79,10 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
   EXPECT_EQ(r->width, c.width);
   EXPECT_EQ(r->height, c.height);
 
+  if (!c.refs.empty()) {  // normalised packed reference tokens, as prepare_image_latents returns them
+    const double e = rel_err(load(dump / "ref_latents.npy"), load(ref / "ref_latents.npy"));
+    EXPECT_LE(e, 1e-5) << "ref_latents";
+  }
   // Seeded noise is bit-identical to torch's.
   EXPECT_EQ(load(dump / "noise.npy"), load(ref / "noise.npy"));
   for (int k = 1; k <= c.steps; ++k) {
@@ -101,7 +115,12 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
 INSTANTIATE_TEST_SUITE_P(Tiny, TextToImageRef, ::testing::ValuesIn(t2i_cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(TextToImage, FixturesArePresent) { EXPECT_GE(t2i_cases().size(), 2u); }
+TEST(TextToImage, FixturesArePresent) {
+  int edits = 0;
+  for (const auto& c : t2i_cases()) edits += !c.refs.empty();
+  EXPECT_GE(t2i_cases().size(), 4u);
+  EXPECT_GE(edits, 2) << "editing fixtures with 1 and 3 references";
+}
 
 TEST(TextToImage, CliWritesPngWithParameters) {
   auto dir = klein::testing::make_temp_dir("gen");
@@ -148,5 +167,24 @@ TEST(TextToImage, NonFiniteResultIsAnErrorNotAPicture) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find(".png"), std::string::npos) << r.err;
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().extension(), ".npy") << e.path();
+  fs::remove_all(dir);
+}
+
+TEST(Editing, BadReferenceFailsBeforeModelWork) {
+  auto dir = klein::testing::make_temp_dir("edit_bad");
+  auto out = dir / "out.png";
+  std::ofstream(dir / "not_an_image.png") << "hello, I am text";
+  // A PNG whose header claims 100000 x 100000 pixels.
+  const unsigned char sig[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13, 'I', 'H', 'D', 'R',
+                               0, 1, 0x86, 0xa0, 0, 1, 0x86, 0xa0, 8, 2, 0, 0, 0, 0, 0, 0, 0};
+  std::ofstream(dir / "huge.png", std::ios::binary).write(reinterpret_cast<const char*>(sig), sizeof sig);
+  for (const char* f : {"not_an_image.png", "huge.png", "missing.png"}) {
+    auto r = klein::testing::run_cli("generate --prompt x -q --ref '" + (dir / f).string() + "' -o '" + out.string() + "'");
+    EXPECT_NE(r.exit_code, 0) << f;
+    EXPECT_LT(r.exit_code, 128) << f;
+    EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
   fs::remove_all(dir);
 }

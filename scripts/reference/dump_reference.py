@@ -25,6 +25,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DIFFUSERS_ATTN_BACKEND", "native")  # the default: torch SDPA
 
 import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
 import torch  # noqa: E402
 
 import diffusers  # noqa: E402
@@ -80,7 +81,31 @@ CASES = [
          prompt_case="te_cat"),
     dict(kind="t2i", name="t2i_64x64_bf16", prompt=CAT, width=64, height=64, steps=4, seed=42, dtype="bfloat16",
          prompt_case="te_cat"),
+    # g. editing: reference images (procedural PNGs, saved as ref<i>.png in the case folder) given as
+    #    image=[...]; W/H None -> the output takes the first reference's processed size.
+    #    refs: (width, height, seed) of each generated image; 100x70 is centre-cropped to 96x64.
+    dict(kind="t2i", name="edit1_auto", prompt=CAT, width=None, height=None, steps=4, seed=7, dtype="float32",
+         prompt_case="te_cat", refs=[(100, 70, 11)]),
+    dict(kind="t2i", name="edit3_64x48", prompt=CAT, width=64, height=48, steps=4, seed=8, dtype="float32",
+         prompt_case="te_cat", refs=[(100, 70, 11), (64, 96, 12), (80, 80, 13)]),
+    dict(kind="t2i", name="edit3_auto", prompt=CAT, width=None, height=None, steps=4, seed=9, dtype="float32",
+         prompt_case="te_cat", refs=[(64, 96, 12), (100, 70, 11), (80, 80, 13)]),
 ]
+
+
+def make_ref_image(width, height, seed):
+    """A smooth, deterministic RGB test picture (gradients + a few blobs + mild noise)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    img = np.zeros((height, width, 3))
+    for c in range(3):
+        fx, fy, ph = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 6.28)
+        img[..., c] = 0.5 + 0.35 * np.sin(2 * np.pi * (fx * x / width + fy * y / height) + ph)
+    for _ in range(3):
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(6, 20)
+        img += (np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))[..., None] * rng.uniform(-0.4, 0.4, 3))
+    img += rng.normal(0, 0.03, img.shape)
+    return Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8), "RGB")
 
 TE_LAYERS = (9, 18, 27)
 
@@ -421,7 +446,12 @@ def run_t2i(case, ctx, w):
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case["dtype"]]
     pipe = ctx["pipe_f32"] if dtype == torch.float32 else ctx["pipe_bf16"]
     W, H, N = case["width"], case["height"], case["steps"]
-    h, wt = H // 16, W // 16
+    refs = []
+    for i, (rw, rh, rs) in enumerate(case.get("refs", [])):
+        im = make_ref_image(rw, rh, rs)
+        im.save(os.path.join(w.dir, f"ref{i}.png"))
+        w.add_file(f"ref{i}.png", {"shape": [rh, rw, 3], "dtype": "uint8", "format": "png"})
+        refs.append(Image.open(os.path.join(w.dir, f"ref{i}.png")))  # what a user's file gives
     rec = {"steps": [], "velocity": [], "tr_timestep": [], "tr_inputs": []}
 
     orig_prepare = pipe.prepare_latents
@@ -431,6 +461,14 @@ def run_t2i(case, ctx, w):
         out = orig_prepare(*a, **k)
         rec["latents0"] = out[0].clone()
         rec["latent_ids"] = out[1].clone()
+        return out
+
+    orig_prepare_img = pipe.prepare_image_latents
+
+    def prepare_image_latents(*a, **k):
+        out = orig_prepare_img(*a, **k)
+        rec["ref_latents"] = out[0].clone()
+        rec["ref_ids"] = out[1].clone()
         return out
 
     def decode(z, *a, **k):
@@ -448,19 +486,24 @@ def run_t2i(case, ctx, w):
         return {}
 
     pipe.prepare_latents = prepare_latents
+    pipe.prepare_image_latents = prepare_image_latents
     pipe.vae.decode = decode
     hd = pipe.transformer.register_forward_hook(tr_hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            images = pipe(prompt=case["prompt"], height=H, width=W, num_inference_steps=N, guidance_scale=1.0,
+            images = pipe(image=refs or None, prompt=case["prompt"], height=H, width=W, num_inference_steps=N,
+                          guidance_scale=1.0,
                           generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np",
                           callback_on_step_end=cb, callback_on_step_end_tensor_inputs=["latents"]).images
     finally:
         del pipe.prepare_latents
+        del pipe.prepare_image_latents
         del pipe.vae.decode
         hd.remove()
 
     ids = rec["latent_ids"]
+    H, W = int(images.shape[1]), int(images.shape[2])  # the output size (from the first reference if None)
+    h, wt = H // 16, W // 16
     noise = unpack(pipe, rec["latents0"], ids, h, wt)
     # the initial latents are exactly randn_tensor((1,128,h,w), Generator('cpu').manual_seed(seed), dtype)
     expect = randn_tensor((1, 128, h, wt), generator=torch.Generator("cpu").manual_seed(case["seed"]),
@@ -471,7 +514,10 @@ def run_t2i(case, ctx, w):
     assert len(rec["steps"]) == N and len(rec["velocity"]) == N
     for k, (i, t, lat) in enumerate(rec["steps"], start=1):
         w.save(f"latents_step{k}", unpack(pipe, lat, ids, h, wt))
-        w.save(f"velocity_step{k}", unpack(pipe, rec["velocity"][k - 1], ids, h, wt))
+        w.save(f"velocity_step{k}", unpack(pipe, rec["velocity"][k - 1][:, : h * wt], ids, h, wt))
+    if refs:
+        w.save("ref_latents", rec["ref_latents"])  # [1, S_ref, 128], normalised packed tokens
+        w.save("ref_ids", rec["ref_ids"], np.int64)
     w.save("latents_final", rec["z"])
     w.save("image", rec["image"])
 
@@ -492,7 +538,8 @@ def run_t2i(case, ctx, w):
     assert torch.equal(pe_check, pe_ref)
 
     scheduler = pipe.scheduler
-    return dict(prompt=case["prompt"], width=W, height=H, tokens_h=h, tokens_w=wt, num_inference_steps=N,
+    return dict(prompt=case["prompt"], width=W, height=H, width_arg=case["width"], height_arg=case["height"],
+                refs=["ref%d.png" % i for i in range(len(refs))], tokens_h=h, tokens_w=wt, num_inference_steps=N,
                 seed=case["seed"], generator="torch.Generator('cpu').manual_seed(seed)", dtype=case["dtype"],
                 guidance_scale=1.0, guidance_note="is_distilled=true: CFG is off whatever guidance_scale is",
                 prompt_embeds="same as ref/%s/%s" % (case["prompt_case"], "prompt_embeds.npy" if dtype ==

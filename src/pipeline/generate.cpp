@@ -17,6 +17,7 @@
 #include "pipeline/latents.h"
 #include "pipeline/noise.h"
 #include "pipeline/prompt_encoder.h"
+#include "pipeline/references.h"
 #include "pipeline/scheduler.h"
 
 namespace fs = std::filesystem;
@@ -75,11 +76,16 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
     return unsupported((model.root() / "model_index.json").string() +
                        ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
                        "which klein.cpp does not implement yet");
-  if (!opt.reference_images.empty())
-    return unsupported("--ref: reference-image editing is not implemented yet");
+  // Reference images are read and preprocessed before any model work: a bad file fails fast.
+  std::vector<PreparedReference> refs;
+  if (!opt.reference_images.empty()) {
+    KLEIN_ASSIGN_OR_RETURN(refs, prepare_references(opt.reference_images));
+  }
 
-  // Size: default 1024; floored to multiples of 16 as the pipeline does (with a warning).
-  int width = opt.width > 0 ? opt.width : 1024, height = opt.height > 0 ? opt.height : 1024;
+  // Size: the caller's, else the first reference's processed size, else 1024 (each dimension on
+  // its own, as `height = height or image_height`); floored to multiples of 16 with a warning.
+  int width = opt.width > 0 ? opt.width : (refs.empty() ? 1024 : static_cast<int>(refs[0].pixels.dim(3)));
+  int height = opt.height > 0 ? opt.height : (refs.empty() ? 1024 : static_cast<int>(refs[0].pixels.dim(2)));
   if (opt.width < 0 || opt.height < 0) return invalid_argument("width and height must be positive");
   if (width < 16 || height < 16) return invalid_argument("width and height must be at least 16 pixels");
   if (width > 8192 || height > 8192) return invalid_argument("width and height must be at most 8192 pixels");
@@ -126,7 +132,16 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
   KLEIN_ASSIGN_OR_RETURN(auto prompt, encode_prompt(model, opt.prompt, ctx));
   ctx.dump("noise", noise);
 
-  // 2. Denoise.
+  // 2. Reference latents (editing): VAE-encoded, normalised, packed; constant over the steps.
+  KLEIN_ASSIGN_OR_RETURN(auto vdir, model.component("vae"));
+  ReferenceTokens ref_tokens;
+  if (!refs.empty()) {
+    KLEIN_ASSIGN_OR_RETURN(auto vae, Flux2Vae::load(vdir.dir));
+    KLEIN_ASSIGN_OR_RETURN(ref_tokens, encode_references(vae, refs, ctx));
+    refs.clear();  // pixels no longer needed
+  }
+
+  // 3. Denoise.
   KLEIN_ASSIGN_OR_RETURN(auto tdir, model.component("transformer"));
   Tensor latents;
   {
@@ -137,14 +152,26 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
                           std::to_string(dit.config().in_channels) + " and joint_attention_dim " +
                           std::to_string(dit.config().joint_attention_dim) + ", but the latents have 128 channels and the text encoder gives " +
                           std::to_string(prompt.embeds.dim(2)) + " (wrong component combination?)");
-    const Flux2Ids img_ids = flux2_image_ids(static_cast<int>(th), static_cast<int>(tw), 0);
+    // Model input tokens: the N noisy latents, then the reference tokens (ids T = 10, 20, ...).
+    Flux2Ids img_ids = flux2_image_ids(static_cast<int>(th), static_cast<int>(tw), 0);
+    img_ids.insert(img_ids.end(), ref_tokens.ids.begin(), ref_tokens.ids.end());
     const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt.embeds.dim(1)));
+    const int64_t N = th * tw, S_ref = ref_tokens.tokens.empty() ? 0 : ref_tokens.tokens.dim(0);
     latents = pack(noise);  // [N, 128]
+    Tensor model_in({N + S_ref, 128});
+    if (S_ref) std::memcpy(model_in.data() + N * 128, ref_tokens.tokens.data(), S_ref * 128 * sizeof(float));
     ctx.report("denoise", 0, steps);
     for (int i = 0; i < steps; ++i) {
       KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
       const float t = schedule.timesteps[i];
-      KLEIN_ASSIGN_OR_RETURN(Tensor v, dit.forward(latents, prompt.embeds, t / 1000.0f, img_ids, txt_ids, ctx));
+      std::memcpy(model_in.data(), latents.data(), N * 128 * sizeof(float));
+      KLEIN_ASSIGN_OR_RETURN(Tensor v, dit.forward(model_in, prompt.embeds, t / 1000.0f, img_ids, txt_ids, ctx));
+      v.reshape({v.numel() / 128, 128});
+      if (S_ref) {  // keep only the noise tokens' prediction
+        Tensor vn({N, 128});
+        std::memcpy(vn.data(), v.data(), N * 128 * sizeof(float));
+        v = std::move(vn);
+      }
       KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
       if (ctx.dumper) {
         ctx.dump("velocity_step" + std::to_string(i + 1), unpack(v, th, tw));
@@ -157,8 +184,7 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
   if (!all_finite(z.data(), z.numel()))
     return internal_error("denoising produced non-finite latents (NaN/Inf); no image written");
 
-  // 3. Decode.
-  KLEIN_ASSIGN_OR_RETURN(auto vdir, model.component("vae"));
+  // 4. Decode.
   Tensor image;
   {
     KLEIN_ASSIGN_OR_RETURN(auto vae, Flux2Vae::load(vdir.dir));
@@ -183,6 +209,8 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
                 {"size", std::to_string(width) + "x" + std::to_string(height)},
                 {"model", fs::absolute(opt.model_dir).lexically_normal().string()},
                 {"software", std::string("klein.cpp ") + KLEIN_VERSION}};
+  for (size_t i = 0; i < opt.reference_images.size(); ++i)
+    r.metadata.emplace_back("reference" + std::to_string(i + 1), opt.reference_images[i]);
   return r;
 }
 

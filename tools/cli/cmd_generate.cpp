@@ -45,7 +45,7 @@ Command make_generate_command() {
     s->add_option("--noise-dtype", o->noise_dtype,
                   "Draw the seeded noise as a float32 (f32, default) or bfloat16 (bf16) diffusers pipeline does")
         ->check(CLI::IsMember({"f32", "bf16"}));
-    s->add_option("--ref", o->refs, "Reference image for editing (repeatable; not implemented yet)");
+    s->add_option("--ref", o->refs, "Reference image for editing: PNG/JPEG/WebP (repeatable; the first sets the default size)");
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
