@@ -5,7 +5,8 @@
 #   bench/run_bench.sh [MODEL_DIR] [BUILD_DIR]
 #
 # MODEL_DIR defaults to /tmp/klein-random-4b and is generated (about 16 GB, a few minutes) with
-# klein-make_random_model if missing. Set KLEIN_BENCH_SIZES="256x256 512x512" to change sizes.
+# klein-make_random_model if missing. Set KLEIN_BENCH_SIZES="256x256 512x512" to change sizes,
+# KLEIN_BENCH_MODES="t2i edit" to choose text-to-image and/or editing (one reference of the output size).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -23,7 +24,7 @@ fi
 
 sha=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
-[ -f "$results" ] || printf '# klein.cpp benchmark results\n\nFull-size random-weight FLUX.2 [klein] 4B (bf16 files, fp32 compute), `klein generate`, 4 steps.\nTimes in seconds; RSS = peak resident set (mmapped weights count when touched).\n\n| date | commit | cpu | threads | size | mode | text encode | load dit | denoise | decode | total | peak RSS GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n' > "$results"
+[ -f "$results" ] || printf '# klein.cpp benchmark results\n\nFull-size random-weight FLUX.2 [klein] 4B (bf16 files, fp32 compute), `klein generate`, 4 steps.\nTimes in seconds; RSS = peak resident set (mmapped weights count when touched).\n\n| date | commit | cpu | threads | size | mode | text encode | ref encode | load dit | denoise | decode | total | peak RSS GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n' > "$results"
 
 run_one() {  # size, extra-args, mode label
   local size=$1 extra=$2 mode=$3 w h log
@@ -31,16 +32,29 @@ run_one() {  # size, extra-args, mode label
   log=$(mktemp)
   /usr/bin/time -f 'MAXRSS_KB %M' "$build/klein" generate --model "$model" --prompt "A cat holding a sign that says hello world" \
       -W "$w" -H "$h" --steps 4 --seed 0 -t "$threads" $extra -o "$(mktemp -u /tmp/klein_bench_XXXX).png" 2> "$log"
-  local enc dit den dec tot rss
+  local enc ref dit den dec tot rss
   enc=$(awk '$1=="encode"{print $2}' "$log" | tail -1)
+  ref=$(awk '$1=="vae-encode" && NF==3 {print $2}' "$log" | tail -1)
   dit=$(awk '$1=="load" && $2=="transformer"{print $3}' "$log" | tail -1)
   den=$(awk '$1=="denoise" && NF==3 {print $2}' "$log" | tail -1)
   dec=$(awk '$1=="decode" && NF==3 {print $2}' "$log" | tail -1)
   tot=$(awk '$1=="total"{print $2}' "$log" | tail -1)
   rss=$(awk '$1=="MAXRSS_KB"{printf "%.2f", $2/1048576}' "$log")
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$sha" "$cpu" "$threads" \
-      "$size" "$mode" "${enc:-?}" "${dit:-?}" "${den:-?}" "${dec:-?}" "${tot:-?}" "$rss" | tee -a "$results"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$(date -u +%F)" "$sha" "$cpu" "$threads" \
+      "$size" "$mode" "${enc:-?}" "${ref:--}" "${dit:-?}" "${den:-?}" "${dec:-?}" "${tot:-?}" "$rss" | tee -a "$results"
   rm -f "$log"
 }
 
-for s in $sizes; do run_one "$s" "" "t2i"; done
+modes=${KLEIN_BENCH_MODES:-t2i edit}
+for s in $sizes; do
+  for m in $modes; do
+    if [ "$m" = t2i ]; then
+      run_one "$s" "" "t2i"
+    else
+      # Editing with one reference of the output size: any PNG will do; the tiny model makes one.
+      ref=/tmp/klein_bench_ref_$s.png
+      [ -f "$ref" ] || "$build/klein" generate -q --prompt reference -W "${s%x*}" -H "${s#*x}" -o "$ref"
+      run_one "$s" "--ref $ref" "edit (1 ref ${s})"
+    fi
+  done
+done
