@@ -91,8 +91,8 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   // A tokenizer folder without its files.
   fs::create_directories(dir / "empty_tok");
   const std::vector<Case> cases = {
-      {"encode --model '" + (dir / "nope").string() + "' --prompt x -o '" + (dir / "o.npy").string() + "'", "no such model folder"},
-      {"encode --model '" + broken.string() + "' --prompt x -o '" + (dir / "o.npy").string() + "'", "model.safetensors"},
+      {"encode --model '" + (dir / "nope").string() + "' --prompt x -q -o '" + (dir / "o.npy").string() + "'", "no such model folder"},
+      {"encode --model '" + broken.string() + "' --prompt x -q -o '" + (dir / "o.npy").string() + "'", "model.safetensors"},
       {"tokenize --model '" + (dir / "empty_tok").string() + "' x", "tokenizer"},
       {"info --model '" + dir.string() + "'", "model_index.json"},
       {"tokenize --model " + model() + " --max-length 0 x", "max-length"},

@@ -225,6 +225,7 @@ TEST(Flux2Dit, MatchesPipelineVelocities) {
   int checked = 0;
   for (const auto& c : (*manifest)["cases"]) {
     if (c.value("kind", "") != "t2i" || c.value("dtype", "") != "float32") continue;
+    if (c.contains("refs") && !c["refs"].empty()) continue;  // editing: covered end to end in test_generate
     const std::string name = c.value("dir", c.value("name", ""));
     SCOPED_TRACE(name);
     const fs::path dir = ref_root() / name;

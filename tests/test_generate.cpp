@@ -25,6 +25,9 @@ struct T2ICase {
   std::vector<std::string> refs;      // reference images (editing), files in the case folder
 };
 
+// gtest prints parameters of failing cases; a name is all that is needed.
+void PrintTo(const T2ICase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<T2ICase> t2i_cases() {
   std::vector<T2ICase> r;
   auto j = klein::read_json_file(klein::testing::data_dir() / "ref" / "manifest.json");

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,32 @@ TEST(ImageReader, BadFilesFailWithAClearError) {
       std::printf("  %-28s %s\n", path.filename().c_str(), t.status().to_string().c_str());
     }
   }
+}
+
+TEST(ImageReader, TruncatedAnywhereFailsCleanly) {
+  for (const char* f : {"images/png_rgb8_333x517.png", "images/png_interlaced.png", "images/jpg_baseline_333x517.jpg",
+                        "images/jpg_progressive.jpg", "images/webp_lossy.webp", "images/webp_lossless_alpha.webp"}) {
+    std::ifstream in(data_path(f), std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(bytes.size(), 100u);
+    for (double frac : {0.0, 0.05, 0.3, 0.5, 0.9}) {
+      const size_t n = std::max<size_t>(frac * bytes.size(), 4);
+      auto img = decode_image(bytes.data(), n, "cut.img");
+      ASSERT_FALSE(img.ok()) << f << " cut to " << n << " bytes decoded";
+      const std::string msg = img.status().message();
+      EXPECT_EQ(msg.rfind("cut.img: ", 0), 0u) << msg;
+      EXPECT_TRUE(msg.find("truncated") != std::string::npos || msg.find("corrupt") != std::string::npos ||
+                  msg.find("not a PNG") != std::string::npos)
+          << f << " cut to " << n << ": " << msg;
+    }
+  }
+  // A damaged IDAT (CRC mismatch) is an error, not garbage pixels.
+  std::ifstream in(data_path("images/png_grey8.png"), std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes[bytes.size() / 2] ^= 0x5A;
+  auto img = decode_image(bytes.data(), bytes.size(), "damaged.png");
+  ASSERT_FALSE(img.ok());
+  EXPECT_NE(img.status().message().find("damaged.png: corrupt PNG"), std::string::npos) << img.status().message();
 }
 
 TEST(ImageReader, HugeHeaderIsRejectedBeforeAllocation) {

@@ -46,6 +46,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import numpy as np  # noqa: E402
 import PIL  # noqa: E402
 import PIL.Image  # noqa: E402
+import PIL.PngImagePlugin  # noqa: E402
 import torch  # noqa: E402
 
 import diffusers  # noqa: E402
@@ -208,6 +209,14 @@ def make_good():
     g["png_palette_pil_trns.png"] = pil_bytes(pq, "PNG", transparency=3)
     g["png_interlaced.png"] = raw_png(synth(77, 69, 12).astype(np.int64), 77, 69, 8, 2, interlace=True)
     g["png_exif6.png"] = pil_bytes(PIL.Image.fromarray(synth(96, 64, 13)), "PNG", exif=exif_bytes(6))
+    # EXIF as ImageMagick's hex "Raw profile type exif" text, and XMP-only orientation (iTXt)
+    hexexif = exif_bytes(3).hex()
+    info = PIL.PngImagePlugin.PngInfo()
+    info.add_text("Raw profile type exif", f"\nexif\n{len(hexexif) // 2:8d}\n{hexexif}\n")
+    g["png_rawprofile_exif3.png"] = pil_bytes(PIL.Image.fromarray(synth(96, 64, 25)), "PNG", pnginfo=info)
+    info = PIL.PngImagePlugin.PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", xmp_orientation(8).decode())
+    g["png_xmp8.png"] = pil_bytes(PIL.Image.fromarray(synth(96, 64, 26)), "PNG", pnginfo=info)
     # JPEG
     j = PIL.Image.fromarray(rgb)
     g["jpg_baseline_333x517.jpg"] = pil_bytes(j, "JPEG", quality=90)
@@ -221,6 +230,11 @@ def make_good():
     for o in range(1, 9):
         g[f"jpg_exif{o}.jpg"] = pil_bytes(small, "JPEG", quality=90, exif=exif_bytes(o))
     g["jpg_xmp6.jpg"] = pil_bytes(small, "JPEG", quality=90, xmp=xmp_orientation(6))
+    # big-endian ("MM") EXIF written by hand: IFD0 with one SHORT Orientation = 5
+    be = b"MM\0*" + struct.pack(">I", 8) + struct.pack(">H", 1) + struct.pack(">HHIHH", 0x0112, 3, 1, 5, 0) \
+        + struct.pack(">I", 0)
+    g["jpg_exif5_bigendian.jpg"] = pil_bytes(small, "JPEG", quality=90, exif=b"Exif\0\0" + be)
+    g["jpg_restart_smooth.jpg"] = pil_bytes(j2, "JPEG", quality=88, restart_marker_rows=1, smooth=30)
     # WebP
     w1 = PIL.Image.fromarray(synth(123, 77, 16))
     g["webp_lossy.webp"] = pil_bytes(w1, "WEBP", quality=80)
@@ -229,6 +243,8 @@ def make_good():
         np.linspace(0, 255, 123).astype(np.uint8), (77, 1))[..., None]], -1), "RGBA")
     g["webp_lossy_alpha.webp"] = pil_bytes(wa, "WEBP", quality=80)
     g["webp_lossless_alpha.webp"] = pil_bytes(wa, "WEBP", lossless=True, exact=True)
+    g["webp_xmp6.webp"] = pil_bytes(PIL.Image.fromarray(synth(96, 64, 27)), "WEBP", lossless=True,
+                                    xmp=xmp_orientation(6))
     g["webp_exif8.webp"] = pil_bytes(PIL.Image.fromarray(synth(96, 64, 18)), "WEBP", quality=80,
                                      exif=exif_bytes(8))
     # sizes

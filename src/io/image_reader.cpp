@@ -583,7 +583,8 @@ Result<Decoded> decode_jpeg(const uint8_t* data, size_t size, const std::string&
   if (job->bad_components)
     return unsupported(name + ": JPEG with " + std::to_string(job->comps) +
                        " components (only 1, 3 or 4 are handled)");
-  if (job->truncated) return format_error(name + ": truncated JPEG file (data ends before the image is complete)");
+  if (job->truncated || (!ok && job->src.eof))
+    return format_error(name + ": truncated JPEG file (data ends before the image is complete)");
   if (!ok) return format_error(name + ": corrupt JPEG file (libjpeg: " + std::string(job->err.msg) + ")");
 
   Decoded d;
