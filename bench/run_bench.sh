@@ -34,7 +34,7 @@ run_one() {  # size, extra-args, mode label
       -W "$w" -H "$h" --steps 4 --seed 0 -t "$threads" $extra -o "$(mktemp -u /tmp/klein_bench_XXXX).png" 2> "$log"
   local enc ref dit den dec tot rss
   enc=$(awk '$1=="encode"{print $2}' "$log" | tail -1)
-  ref=$(awk '$1=="vae-encode" && NF==3 {print $2}' "$log" | tail -1)
+  ref=$(awk '$1=="vae_encode" && NF==3 {print $2}' "$log" | tail -1)
   dit=$(awk '$1=="load" && $2=="transformer"{print $3}' "$log" | tail -1)
   den=$(awk '$1=="denoise" && NF==3 {print $2}' "$log" | tail -1)
   dec=$(awk '$1=="decode" && NF==3 {print $2}' "$log" | tail -1)

@@ -37,7 +37,6 @@ Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector
     r.ids.insert(r.ids.end(), ids.begin(), ids.end());
     total += n;
     packed.push_back(std::move(t));
-    ctx.report("vae-encode", static_cast<int>(i + 1), static_cast<int>(refs.size()));
   }
   r.tokens = Tensor({total, C});
   int64_t off = 0;

@@ -35,9 +35,9 @@ Command make_generate_command() {
                   "Model folder (diffusers layout). Default: the tiny random-weight test model in tests/data/tiny");
     s->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
-    s->add_option("--width,-W", o->width, "Image width in pixels (default 1024; floored to a multiple of 16)")
+    s->add_option("--width,-W", o->width, "Image width in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
-    s->add_option("--height,-H", o->height, "Image height in pixels (default 1024; floored to a multiple of 16)")
+    s->add_option("--height,-H", o->height, "Image height in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
     s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models)")->check(CLI::Range(1, 1000));
     auto* seed = s->add_option("--seed,-s", o->seed, "Seed of torch.Generator('cpu') for the initial noise (default 0)");
