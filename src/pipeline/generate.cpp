@@ -28,23 +28,6 @@ const char* version() { return KLEIN_VERSION; }
 
 namespace {
 
-// [1, C, h, w] <-> [h*w, C] token packing (_pack_latents / _unpack_latents_with_ids).
-Tensor pack(const Tensor& z) {
-  const int64_t C = z.dim(1), n = z.dim(2) * z.dim(3);
-  Tensor t({n, C});
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t i = 0; i < n; ++i) t.data()[i * C + c] = z.data()[c * n + i];
-  return t;
-}
-
-Tensor unpack(const Tensor& t, int64_t h, int64_t w) {
-  const int64_t C = t.dim(1), n = h * w;
-  Tensor z({1, C, h, w});
-  for (int64_t c = 0; c < C; ++c)
-    for (int64_t i = 0; i < n; ++i) z.data()[c * n + i] = t.data()[i * C + c];
-  return z;
-}
-
 // Post-processing as diffusers' image processor for output_type="pil" from an fp32 pipeline:
 // (x * 0.5 + 0.5).clamp(0, 1), then (x * 255).round() with numpy's round-half-to-even.
 Image to_image(const Tensor& img) {
@@ -157,7 +140,7 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
     img_ids.insert(img_ids.end(), ref_tokens.ids.begin(), ref_tokens.ids.end());
     const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt.embeds.dim(1)));
     const int64_t N = th * tw, S_ref = ref_tokens.tokens.empty() ? 0 : ref_tokens.tokens.dim(0);
-    latents = pack(noise);  // [N, 128]
+    latents = pack_latents(noise);  // [N, 128]
     Tensor model_in({N + S_ref, 128});
     if (S_ref) std::memcpy(model_in.data() + N * 128, ref_tokens.tokens.data(), S_ref * 128 * sizeof(float));
     ctx.report("denoise", 0, steps);
@@ -174,13 +157,13 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
       }
       KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
       if (ctx.dumper) {
-        ctx.dump("velocity_step" + std::to_string(i + 1), unpack(v, th, tw));
-        ctx.dump("latents_step" + std::to_string(i + 1), unpack(latents, th, tw));
+        ctx.dump("velocity_step" + std::to_string(i + 1), unpack_latents(v, th, tw));
+        ctx.dump("latents_step" + std::to_string(i + 1), unpack_latents(latents, th, tw));
       }
       ctx.report("denoise", i + 1, steps);
     }
   }  // transformer released here
-  Tensor z = unpack(latents, th, tw);  // [1, 128, th, tw]
+  Tensor z = unpack_latents(latents, th, tw);  // [1, 128, th, tw]
   if (!all_finite(z.data(), z.numel()))
     return internal_error("denoising produced non-finite latents (NaN/Inf); no image written");
 

@@ -100,4 +100,20 @@ Status denormalize_latents(Tensor& z, const LatentStats& s, LatentArith arith) {
   return Status::Ok();
 }
 
+Tensor pack_latents(const Tensor& z) {
+  const int64_t C = z.dim(1), n = z.dim(2) * z.dim(3);
+  Tensor t({n, C});
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < n; ++i) t.data()[i * C + c] = z.data()[c * n + i];
+  return t;
+}
+
+Tensor unpack_latents(const Tensor& t, int64_t h, int64_t w) {
+  const int64_t C = t.dim(1), n = h * w;
+  Tensor z({1, C, h, w});
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < n; ++i) z.data()[c * n + i] = t.data()[i * C + c];
+  return z;
+}
+
 }  // namespace klein

@@ -19,6 +19,11 @@ Result<Tensor> patchify(const Tensor& z);
 // Exact inverse: [B, 4C, h, w] → [B, C, 2h, 2w].
 Result<Tensor> unpatchify(const Tensor& z);
 
+// Token packing (_pack_latents / _unpack_latents_with_ids): [1, C, h, w] <-> [h*w, C], token
+// n = y*w + x, feature = channel.
+Tensor pack_latents(const Tensor& z);
+Tensor unpack_latents(const Tensor& tokens, int64_t h, int64_t w);
+
 // Per-channel statistics of the patchified latent (128 channels for FLUX.2):
 // mean = bn.running_mean, std = sqrt(bn.running_var + batch_norm_eps).
 struct LatentStats {

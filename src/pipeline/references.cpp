@@ -30,9 +30,7 @@ Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector
     KLEIN_RETURN_IF_ERROR(vae.normalize_latents(z));
     C = z.dim(1);
     const int64_t h = z.dim(2), w = z.dim(3), n = h * w;
-    Tensor t({n, C});  // pack: token y*w + x, feature = channel
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t k = 0; k < n; ++k) t.data()[k * C + c] = z.data()[c * n + k];
+    Tensor t = pack_latents(z);  // [n, C]
     const Flux2Ids ids = flux2_image_ids(static_cast<int>(h), static_cast<int>(w), 10 + 10 * static_cast<int>(i));
     r.ids.insert(r.ids.end(), ids.begin(), ids.end());
     total += n;
