@@ -1,6 +1,7 @@
 // Storage types of weights and tensors, and scalar conversions between them.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -30,17 +31,11 @@ size_t dtype_size(DType t);
 // Parses a safetensors dtype string ("F32", "BF16", ...). false if unknown.
 bool dtype_from_safetensors(std::string_view s, DType* out);
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
 // Round to nearest even, as torch's .to(bfloat16); NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = std::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);

@@ -1,5 +1,6 @@
 #include "pipeline/noise.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -34,17 +35,8 @@ double TorchCpuGenerator::normal_double() {
 
 namespace {
 
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float fbits(uint32_t u) { return from_bits(u); }
+inline uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
+inline float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
 
 // ---- ATen AVX2 kernel: NormalFill16<float> with avx_mathfun.h, lane by lane ---------------------
 // Constants are the float32 values in torch's binary; the operation sequence (including which
@@ -53,31 +45,31 @@ inline float fbits(uint32_t u) { return from_bits(u); }
 // log256_ps (Cephes logf).
 float avx2_log(float x_in) {
   const bool invalid = x_in <= 0.0f;                                  // _CMP_LE_OS
-  float x = x_in > fbits(0x00800000u) ? x_in : fbits(0x00800000u);  // max(x, min_norm_pos)
+  float x = x_in > from_bits(0x00800000u) ? x_in : from_bits(0x00800000u);  // max(x, min_norm_pos)
   const int32_t imm0 = static_cast<int32_t>(bits_of(x) >> 23) - 0x7f;
   x = from_bits((bits_of(x) & ~0x7f800000u) | bits_of(0.5f));
   float e = static_cast<float>(imm0);
   e = e + 1.0f;
-  const bool mask = x < fbits(0x3f3504f3u);  // SQRTHF
+  const bool mask = x < from_bits(0x3f3504f3u);  // SQRTHF
   const float tmp = mask ? x : 0.0f;
   e = e - (mask ? 1.0f : 0.0f);
   x = x + -1.0f;
   x = x + tmp;
   const float z = x * x;
-  float y = std::fma(fbits(0x3d9021bbu), x, fbits(0xbdebd1b8u));  // p0 * x + p1
-  y = std::fma(y, x, fbits(0x3def251au));                          // p2
-  y = std::fma(y, x, fbits(0xbdfe5d4fu));                          // p3
-  y = std::fma(y, x, fbits(0x3e11e9bfu));                          // p4
-  y = std::fma(y, x, fbits(0xbe2aae50u));                          // p5
-  y = std::fma(y, x, fbits(0x3e4cceacu));                          // p6
-  y = std::fma(y, x, fbits(0xbe7ffffcu));                          // p7
-  y = std::fma(y, x, fbits(0x3eaaaaaau));                          // p8
-  const float eq1 = e * fbits(0xb95e8083u);                        // e * q1
+  float y = std::fma(from_bits(0x3d9021bbu), x, from_bits(0xbdebd1b8u));  // p0 * x + p1
+  y = std::fma(y, x, from_bits(0x3def251au));                          // p2
+  y = std::fma(y, x, from_bits(0xbdfe5d4fu));                          // p3
+  y = std::fma(y, x, from_bits(0x3e11e9bfu));                          // p4
+  y = std::fma(y, x, from_bits(0xbe2aae50u));                          // p5
+  y = std::fma(y, x, from_bits(0x3e4cceacu));                          // p6
+  y = std::fma(y, x, from_bits(0xbe7ffffcu));                          // p7
+  y = std::fma(y, x, from_bits(0x3eaaaaaau));                          // p8
+  const float eq1 = e * from_bits(0xb95e8083u);                        // e * q1
   const float yx = y * x;
   y = std::fma(yx, z, eq1);
   y = std::fma(-z, 0.5f, y);
   x = x + y;
-  float r = std::fma(e, fbits(0x3f318000u), x);  // + e * q2
+  float r = std::fma(e, from_bits(0x3f318000u), x);  // + e * q2
   if (invalid) r = from_bits(0xffffffffu);
   return r;
 }
@@ -86,26 +78,26 @@ float avx2_log(float x_in) {
 void avx2_sincos(float xin, float* s, float* c) {
   uint32_t sign_bit_sin = bits_of(xin) & 0x80000000u;
   const float ax = from_bits(bits_of(xin) & 0x7fffffffu);
-  const float yq = ax * fbits(0x3fa2f983u);  // 4 / pi
+  const float yq = ax * from_bits(0x3fa2f983u);  // 4 / pi
   int32_t j = static_cast<int32_t>(yq);      // cvttps2dq (truncation; inputs here are small)
   j = (j + 1) & ~1;
   const float yf = static_cast<float>(j);
   const uint32_t swap_sign_sin = static_cast<uint32_t>(j & 4) << 29;
   const bool poly_mask = (j & 2) == 0;
   sign_bit_sin ^= swap_sign_sin;
-  float x = std::fma(yf, fbits(0xbf490000u), ax);  // - y * DP1
-  x = std::fma(yf, fbits(0xb97da000u), x);         // - y * DP2
-  x = std::fma(yf, fbits(0xb3222169u), x);         // - y * DP3
+  float x = std::fma(yf, from_bits(0xbf490000u), ax);  // - y * DP1
+  x = std::fma(yf, from_bits(0xb97da000u), x);         // - y * DP2
+  x = std::fma(yf, from_bits(0xb3222169u), x);         // - y * DP3
   const uint32_t sign_bit_cos = (~static_cast<uint32_t>(j - 2) & 4u) << 29;
   const float z = x * x;
   const float tmp = z * 0.5f;
-  float y = std::fma(fbits(0x37ccf5ceu), z, fbits(0xbab6061au));  // coscof p0 * z + p1
-  y = std::fma(y, z, fbits(0x3d2aaaa5u));                          // + p2
+  float y = std::fma(from_bits(0x37ccf5ceu), z, from_bits(0xbab6061au));  // coscof p0 * z + p1
+  y = std::fma(y, z, from_bits(0x3d2aaaa5u));                          // + p2
   y = z * y;
   y = std::fma(z, y, -tmp);
   y = y + 1.0f;
-  float y2 = std::fma(fbits(0xb94ca1f9u), z, fbits(0x3c08839eu));  // sincof p0 * z + p1
-  y2 = std::fma(y2, z, fbits(0xbe2aaaa3u));                         // + p2
+  float y2 = std::fma(from_bits(0xb94ca1f9u), z, from_bits(0x3c08839eu));  // sincof p0 * z + p1
+  y2 = std::fma(y2, z, from_bits(0xbe2aaaa3u));                         // + p2
   const float y2z = z * y2;
   y2 = std::fma(x, y2z, x);
   const float ysin2 = poly_mask ? y2 : 0.0f;
@@ -119,7 +111,7 @@ void avx2_sincos(float xin, float* s, float* c) {
 }
 
 void normal_fill16_avx2(float* d) {
-  const float two_pi = fbits(0x40c90fdbu);  // (float)(2 * pi)
+  const float two_pi = from_bits(0x40c90fdbu);  // (float)(2 * pi)
   float out[16];
   for (int j = 0; j < 8; ++j) {
     const float u1 = 1.0f - d[j];
