@@ -46,6 +46,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/format.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"

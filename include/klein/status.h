@@ -16,6 +16,7 @@ enum class Code {
   kFormatError,      // malformed file contents (header, JSON, shapes, dtypes)
   kUnsupported,      // well-formed but not handled (unknown dtype, architecture)
   kCancelled,        // the caller's cancel callback asked to stop
+  kOutOfMemory,      // an allocation failed; the message says how much and for what
   kInternal,         // a bug: an invariant of our own broke
 };
 

@@ -4,53 +4,6 @@
 
 namespace klein {
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF64: return "F64";
-    case DType::kI8: return "I8";
-    case DType::kU8: return "U8";
-    case DType::kI16: return "I16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kBool: return "BOOL";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kQ8Row: return "Q8_ROW";
-    case DType::kQ4G64: return "Q4_G64";
-  }
-  return "?";
-}
-
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kF16: case DType::kBF16: case DType::kI16: return 2;
-    case DType::kF64: case DType::kI64: return 8;
-    case DType::kI8: case DType::kU8: case DType::kBool: case DType::kF8E4M3: return 1;
-    case DType::kQ8Row: case DType::kQ4G64: return 0;
-  }
-  return 0;
-}
-
-bool dtype_from_safetensors(std::string_view s, DType* out) {
-  struct Entry { std::string_view name; DType t; };
-  static constexpr Entry kTable[] = {
-      {"F32", DType::kF32}, {"F16", DType::kF16},   {"BF16", DType::kBF16},
-      {"F64", DType::kF64}, {"I8", DType::kI8},     {"U8", DType::kU8},
-      {"I16", DType::kI16}, {"I32", DType::kI32},   {"I64", DType::kI64},
-      {"BOOL", DType::kBool}, {"F8_E4M3", DType::kF8E4M3},
-  };
-  for (const auto& e : kTable) {
-    if (e.name == s) {
-      *out = e.t;
-      return true;
-    }
-  }
-  return false;
-}
-
 float f16_to_f32(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f;

@@ -1,4 +1,5 @@
-// Storage types of weights and tensors, and scalar conversions between them.
+// Storage types of weights and tensors, and scalar conversions between them. What each type
+// is (size, blocks, scales, safetensors name) is in the format table, core/format.h.
 #pragma once
 
 #include <bit>
@@ -20,16 +21,12 @@ enum class DType : uint8_t {
   kI64,
   kBool,
   kF8E4M3,
-  // Quantized weight formats (engine-specific, not safetensors names).
-  kQ8Row,  // int8 per output row, float scale per row
-  kQ4G64,  // int4 affine, groups of 64 along K, float scale + min per group
+  kU32,
+  // Quantized weight formats (engine formats; their traits are in core/format.h).
+  kQ8Row,  // int8 per output row, one scale per row (symmetric)
+  kQ4G64,  // int4 affine, groups of 64 along K, scale + offset per group, MLX nibble order
+  kCount,  // number of formats (not a format)
 };
-
-std::string_view dtype_name(DType t);
-// Bytes per element for plain types; 0 for block/packed quantized types.
-size_t dtype_size(DType t);
-// Parses a safetensors dtype string ("F32", "BF16", ...). false if unknown.
-bool dtype_from_safetensors(std::string_view s, DType* out);
 
 inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 

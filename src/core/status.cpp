@@ -11,6 +11,7 @@ const char* code_name(Code c) {
     case Code::kFormatError: return "format error";
     case Code::kUnsupported: return "unsupported";
     case Code::kCancelled: return "cancelled";
+    case Code::kOutOfMemory: return "out of memory";
     case Code::kInternal: return "internal error";
   }
   return "unknown";
@@ -18,6 +19,8 @@ const char* code_name(Code c) {
 
 std::string Status::to_string() const {
   if (ok()) return "ok";
+  // An out-of-memory message already begins "out of memory: ...".
+  if (code_ == Code::kOutOfMemory && message_.starts_with("out of memory")) return message_;
   return std::string(code_name(code_)) + ": " + message_;
 }
 

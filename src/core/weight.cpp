@@ -1,76 +1,84 @@
 #include "core/weight.h"
 
 #include <cstring>
-#include <stdexcept>
 
 namespace klein {
 
+Result<Weight> Weight::row_range(int64_t r0, int64_t r1) const {
+  if (layout != Layout::kRowMajor)
+    return internal_error("weight '" + name + "': row view of a packed layout");
+  if (r0 < 0 || r1 < r0 || r1 > rows())
+    return internal_error("weight '" + name + "': rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                          ") outside [0, " + std::to_string(rows()) + ")");
+  Weight v = *this;
+  v.shape[0] = r1 - r0;
+  const int64_t rb = row_bytes();
+  v.data = static_cast<const uint8_t*>(data) + r0 * rb;
+  v.nbytes = static_cast<size_t>((r1 - r0) * rb);
+  if (format().scales == ScalePlace::kSeparate) {
+    const int64_t per_row = blocks_per_row();
+    const size_t ssz = dtype_size(scale_dtype);
+    v.scales = static_cast<const uint8_t*>(scales) + r0 * per_row * ssz;
+    if (offsets) v.offsets = static_cast<const uint8_t*>(offsets) + r0 * per_row * ssz;
+  }
+  return v;
+}
+
 void weight_to_f32(const Weight& w, int64_t offset, int64_t n, float* out) {
-  switch (w.dtype) {
-    case DType::kF32:
-      std::memcpy(out, static_cast<const float*>(w.data) + offset, n * sizeof(float));
-      return;
-    case DType::kBF16: {
-      const uint16_t* p = static_cast<const uint16_t*>(w.data) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
-      return;
-    }
-    case DType::kF16: {
-      const uint16_t* p = static_cast<const uint16_t*>(w.data) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
-      return;
-    }
-    case DType::kF8E4M3: {
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + offset;
-      for (int64_t i = 0; i < n; ++i) out[i] = f8e4m3_to_f32(p[i]);
-      return;
-    }
-    case DType::kQ8Row:
-    case DType::kQ4G64: {
-      // Row-aligned ranges only; used through weight_row_to_f32.
-      const int64_t cols = w.cols();
-      if (offset % cols != 0 || n % cols != 0)
-        throw std::logic_error("weight_to_f32: quantized range not row-aligned: " + w.name);
-      for (int64_t r = 0; r < n / cols; ++r) weight_row_to_f32(w, offset / cols + r, out + r * cols);
-      return;
-    }
-    default:
-      throw std::logic_error("weight_to_f32: unsupported dtype for " + w.name);
+  const FormatTraits& f = w.format();
+  const int64_t cols = w.cols();
+  if (n <= 0 || cols <= 0) return;
+  // Walk the range row by row (a 1-D weight is one row).
+  int64_t r = offset / cols, c = offset % cols;
+  while (n > 0) {
+    const int64_t take = std::min<int64_t>(n, cols - c);
+    f.row_to_f32(w, r, c, take, out);
+    out += take;
+    n -= take;
+    ++r;
+    c = 0;
   }
 }
 
 void weight_row_to_f32(const Weight& w, int64_t r, float* out) {
-  const int64_t cols = w.cols();
-  if (w.dtype == DType::kQ8Row) {
-    const int8_t* q = static_cast<const int8_t*>(w.data) + r * cols;
-    const float s = w.scales[r];
-    for (int64_t i = 0; i < cols; ++i) out[i] = s * q[i];
-    return;
-  }
-  if (w.dtype == DType::kQ4G64) {
-    const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (cols / 2);
-    const int64_t groups = cols / 64;
-    for (int64_t g = 0; g < groups; ++g) {
-      const float s = w.scales[r * groups + g], m = w.mins[r * groups + g];
-      for (int64_t i = 0; i < 64; i += 2) {
-        uint8_t b = q[(g * 64 + i) / 2];
-        out[g * 64 + i] = m + s * static_cast<float>(b & 0xf);
-        out[g * 64 + i + 1] = m + s * static_cast<float>(b >> 4);
-      }
-    }
-    return;
-  }
-  weight_to_f32(w, r * cols, cols, out);
+  w.format().row_to_f32(w, r, 0, w.cols(), out);
 }
 
 Tensor weight_to_tensor(const Weight& w) {
   Tensor t(w.shape);
-  if (w.dtype == DType::kQ8Row || w.dtype == DType::kQ4G64) {
-    for (int64_t r = 0; r < w.rows(); ++r) weight_row_to_f32(w, r, t.data() + r * w.cols());
-  } else {
-    weight_to_f32(w, 0, t.numel(), t.data());
-  }
+  weight_to_f32(w, 0, t.numel(), t.data());
   return t;
+}
+
+std::vector<float> weight_to_vector(const Weight& w) {
+  std::vector<float> v(static_cast<size_t>(w.numel()));
+  weight_to_f32(w, 0, w.numel(), v.data());
+  return v;
+}
+
+Status validate_weight(const Weight& w) {
+  const FormatTraits& f = w.format();
+  if (!f.is_weight || !f.row_to_f32)
+    return unsupported("tensor '" + w.name + "' has dtype " + std::string(f.name) +
+                       ", which is not a weight format this engine computes with");
+  for (int64_t d : w.shape)
+    if (d < 0) return format_error("tensor '" + w.name + "' has a negative dimension");
+  if (!format_row_ok(w.dtype, w.cols()))
+    return format_error("tensor '" + w.name + "' has " + std::to_string(w.cols()) + " columns, not a multiple of " +
+                        std::to_string(f.block_elems) + " (" + std::string(f.name) + " blocks)");
+  const int64_t want = w.rows() * w.row_bytes();
+  if (w.layout == Layout::kRowMajor && static_cast<int64_t>(w.nbytes) != (w.shape.empty() ? f.block_bytes : want))
+    return format_error("tensor '" + w.name + "' holds " + std::to_string(w.nbytes) + " bytes, but " +
+                        std::string(f.name) + " " + shape_str(w.shape) + " needs " + std::to_string(want));
+  if (f.scales == ScalePlace::kSeparate) {
+    if (!w.scales) return format_error("tensor '" + w.name + "' (" + std::string(f.name) + ") has no scales");
+    if (f.has_offsets && !w.offsets)
+      return format_error("tensor '" + w.name + "' (" + std::string(f.name) + ") has no offsets");
+    if (w.scale_dtype != DType::kF32 && w.scale_dtype != DType::kF16 && w.scale_dtype != DType::kBF16)
+      return unsupported("tensor '" + w.name + "': scales of dtype " + std::string(dtype_name(w.scale_dtype)) +
+                         " (f32, f16 or bf16)");
+  }
+  return Status::Ok();
 }
 
 }  // namespace klein

@@ -1,37 +1,70 @@
-// A weight tensor in its storage type. Models hold Weights and never assume a dtype: kernels
-// dispatch on Weight::dtype, so one model definition serves f32/f16/bf16 files and quantized ones.
+// A weight tensor in its storage format (the idea of gemma.cpp's MatPtr). Models hold Weights and
+// never assume a format: the backend's kernels are chosen by Weight::dtype, so one model
+// definition serves f32/f16/bf16 files and the quantized formats of core/format.h.
+//
+// The bytes live in a mapped file (owner null: the TensorSource keeps the mapping alive) or in
+// a buffer the Weight co-owns (`owner`: repacked, quantized-at-load or uploaded copies).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/format.h"
+#include "core/status.h"
 #include "core/tensor.h"
 
 namespace klein {
+
+// How the rows of a weight are laid out in memory.
+enum class Layout : uint8_t {
+  kRowMajor,  // [rows, cols] in storage order, row stride = format_row_bytes(dtype, cols)
+  kPacked,    // repacked for a kernel (panels); only that backend's kernels read it
+};
 
 struct Weight {
   std::string name;             // key in the checkpoint, for error messages and dumps
   DType dtype = DType::kF32;
   Shape shape;                  // logical shape; Linear weights are [out, in]
-  const void* data = nullptr;   // element storage (mmapped file or owned buffer); for
-                                // kQ8Row int8 [out,in], kQ4G64 packed nibbles [out, in/2]
-  // Quantized formats only.
-  const float* scales = nullptr;  // kQ8Row: [out]; kQ4G64: [out, in/64]
-  const float* mins = nullptr;    // kQ4G64: [out, in/64]
+  Layout layout = Layout::kRowMajor;
+  Device device = Device::kCpu;
+  const void* data = nullptr;   // element / block storage
+  size_t nbytes = 0;            // bytes at `data`
+  // Block formats with ScalePlace::kSeparate: one scale (and offset) per block, row-major
+  // [rows, cols / block_elems], in scale_dtype (f32, f16 or bf16).
+  const void* scales = nullptr;
+  const void* offsets = nullptr;
+  DType scale_dtype = DType::kF32;
+  std::shared_ptr<const void> owner;  // keeps owned storage alive (null: the source owns it)
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return shape_numel(shape); }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
   int64_t cols() const { return shape.size() < 2 ? (shape.empty() ? 0 : 1) : numel() / shape[0]; }
+  const FormatTraits& format() const { return format_traits(dtype); }
+  int64_t row_bytes() const { return format_row_bytes(dtype, cols()); }
+  // Scale / offset entries per row (block formats).
+  int64_t blocks_per_row() const { return cols() / format().block_elems; }
+
+  // Rows [r0, r1) as a Weight sharing this one's storage (outer dimension; scales follow).
+  // Fails for r0 > r1, r1 > rows() or a packed layout.
+  Result<Weight> row_range(int64_t r0, int64_t r1) const;
 };
 
-// Converts elements [offset, offset+n) of a plain-typed weight to float32.
+// Converts elements [offset, offset+n) of a weight (row-major, host) to float32. For block
+// formats the range must cover whole blocks of whole rows' columns (see format_row_ok).
 void weight_to_f32(const Weight& w, int64_t offset, int64_t n, float* out);
-// Row `r` of a 2-D (or flattened) weight as float32 (works for quantized types too).
+// Row `r` of a 2-D (or flattened) weight as float32.
 void weight_row_to_f32(const Weight& w, int64_t r, float* out);
 // Whole weight as a float32 Tensor (for small tensors: norms, biases, convs).
 Tensor weight_to_tensor(const Weight& w);
+// Whole weight as a float32 vector.
+std::vector<float> weight_to_vector(const Weight& w);
+
+// Checks that a weight's byte size, scales and shape agree with its format (used by sources
+// and tests); the message names the tensor.
+Status validate_weight(const Weight& w);
 
 }  // namespace klein

@@ -1,3 +1,4 @@
+#include "core/format.h"
 #include "io/npy.h"
 
 #include <cstdio>

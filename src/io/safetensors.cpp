@@ -1,3 +1,4 @@
+#include "core/format.h"
 #include "io/safetensors.h"
 
 #include <algorithm>

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/format.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/thread_pool.h"
+#include "backend/backend.h"
 #include "core/weight.h"
 
 namespace klein::kernels {
@@ -16,12 +17,7 @@ namespace klein::kernels {
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
             ThreadPool& pool, int64_t ldx = 0, int64_t ldy = 0);
 
-// Masking for attention(). A key j is visible to query i iff
-//   (!causal || j <= i)  &&  (key_valid == nullptr || key_valid[j] != 0).
-struct AttnMask {
-  bool causal = false;
-  const uint8_t* key_valid = nullptr;  // [Sk] or null
-};
+using klein::AttnMask;  // backend/backend.h
 
 // Multi-head scaled-dot-product attention without materialising the [H, Sq, Sk] score matrix
 // (blocked online softmax). Token-major layouts, as produced by a Linear:

@@ -2,6 +2,7 @@
 // Decoder, unet_2d_blocks.py UNetMidBlock2D / DownEncoderBlock2D / UpDecoderBlock2D,
 // resnet.py ResnetBlock2D, downsampling.py Downsample2D, upsampling.py Upsample2D,
 // attention_processor.py AttnProcessor2_0): config, loading, and the float32 forward passes.
+#include "core/format.h"
 #include "models/flux2_vae.h"
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 
+#include "core/format.h"
 #include "commands.h"
 #include "common.h"
 #include "io/model_folder.h"

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <vector>
 
+#include "core/format.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/avx2_kernels.h"
 

@@ -1,0 +1,132 @@
+#include "core/format.h"
+
+#include <cstring>
+
+#include "core/weight.h"
+
+namespace klein {
+namespace {
+
+template <class T, float (*Conv)(T)>
+void plain_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const T* p = static_cast<const T*>(w.data) + r * w.cols() + c0;
+  for (int64_t i = 0; i < n; ++i) out[i] = Conv(p[i]);
+}
+
+float f32_id(float v) { return v; }
+float u16_bf16(uint16_t v) { return bf16_to_f32(v); }
+float u16_f16(uint16_t v) { return f16_to_f32(v); }
+float u8_f8(uint8_t v) { return f8e4m3_to_f32(v); }
+
+void f32_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  std::memcpy(out, static_cast<const float*>(w.data) + r * w.cols() + c0, n * sizeof(float));
+}
+
+// Q8_ROW: int8 [rows, cols], one scale per row: v = scale[r] · q.
+void q8row_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const int8_t* q = static_cast<const int8_t*>(w.data) + r * w.cols() + c0;
+  const float s = scale_at(w.scales, w.scale_dtype, r);
+  for (int64_t i = 0; i < n; ++i) out[i] = s * static_cast<float>(q[i]);
+}
+
+// Q4_G64: nibbles packed low-first (byte b holds elements 2b and 2b+1; MLX's uint32 words of 8
+// nibbles are the same bytes on a little-endian machine); per group of 64: v = offset + scale·q,
+// as MLX dequantises (w = scales * q + biases).
+void q4g64_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const int64_t cols = w.cols(), groups = cols / 64;
+  const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * (cols / 2);
+  for (int64_t g = c0 / 64; g < (c0 + n) / 64; ++g) {
+    const float s = scale_at(w.scales, w.scale_dtype, r * groups + g);
+    const float m = scale_at(w.offsets, w.scale_dtype, r * groups + g);
+    float* o = out + (g * 64 - c0);
+    for (int64_t i = 0; i < 64; i += 2) {
+      const uint8_t b = q[(g * 64 + i) / 2];
+      o[i] = m + s * static_cast<float>(b & 0xf);
+      o[i + 1] = m + s * static_cast<float>(b >> 4);
+    }
+  }
+}
+
+using S = ScalePlace;
+// id, name, safetensors name, bits, block elems, block bytes, scales, offsets, float, weight, row_to_f32
+constexpr FormatTraits kTable[] = {
+    {DType::kF32, "F32", "F32", 32, 1, 4, S::kNone, false, true, true, f32_row},
+    {DType::kF16, "F16", "F16", 16, 1, 2, S::kNone, false, true, true, plain_row<uint16_t, u16_f16>},
+    {DType::kBF16, "BF16", "BF16", 16, 1, 2, S::kNone, false, true, true, plain_row<uint16_t, u16_bf16>},
+    {DType::kF64, "F64", "F64", 64, 1, 8, S::kNone, false, true, false, nullptr},
+    {DType::kI8, "I8", "I8", 8, 1, 1, S::kNone, false, false, false, nullptr},
+    {DType::kU8, "U8", "U8", 8, 1, 1, S::kNone, false, false, false, nullptr},
+    {DType::kI16, "I16", "I16", 16, 1, 2, S::kNone, false, false, false, nullptr},
+    {DType::kI32, "I32", "I32", 32, 1, 4, S::kNone, false, false, false, nullptr},
+    {DType::kI64, "I64", "I64", 64, 1, 8, S::kNone, false, false, false, nullptr},
+    {DType::kBool, "BOOL", "BOOL", 8, 1, 1, S::kNone, false, false, false, nullptr},
+    {DType::kF8E4M3, "F8_E4M3", "F8_E4M3", 8, 1, 1, S::kNone, false, true, true, plain_row<uint8_t, u8_f8>},
+    {DType::kU32, "U32", "U32", 32, 1, 4, S::kNone, false, false, false, nullptr},
+    {DType::kQ8Row, "Q8_ROW", "", 8, 1, 1, S::kSeparate, false, true, true, q8row_row},
+    {DType::kQ4G64, "Q4_G64", "", 4, 64, 32, S::kSeparate, true, true, true, q4g64_row},
+};
+static_assert(std::size(kTable) == static_cast<size_t>(DType::kCount), "one row per DType");
+
+constexpr bool table_in_order() {
+  for (size_t i = 0; i < std::size(kTable); ++i)
+    if (static_cast<size_t>(kTable[i].id) != i) return false;
+  return true;
+}
+static_assert(table_in_order(), "format table rows must be in DType order");
+
+}  // namespace
+
+std::span<const FormatTraits> format_table() { return kTable; }
+
+const FormatTraits& format_traits(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return kTable[i < std::size(kTable) ? i : 0];
+}
+
+bool format_row_ok(DType t, int64_t cols) {
+  const FormatTraits& f = format_traits(t);
+  return cols >= 0 && cols % f.block_elems == 0;
+}
+
+int64_t format_row_bytes(DType t, int64_t cols) {
+  const FormatTraits& f = format_traits(t);
+  return cols / f.block_elems * f.block_bytes;
+}
+
+size_t dtype_size(DType t) {
+  const FormatTraits& f = format_traits(t);
+  return f.block_elems == 1 && f.scales == ScalePlace::kNone ? static_cast<size_t>(f.block_bytes) : 0;
+}
+
+std::string_view dtype_name(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kTable) ? kTable[i].name : std::string_view("?");
+}
+
+bool dtype_from_safetensors(std::string_view s, DType* out) {
+  for (const auto& f : kTable)
+    if (!f.safetensors_name.empty() && f.safetensors_name == s) {
+      *out = f.id;
+      return true;
+    }
+  return false;
+}
+
+bool dtype_from_name(std::string_view s, DType* out) {
+  for (const auto& f : kTable)
+    if (f.name == s) {
+      *out = f.id;
+      return true;
+    }
+  return false;
+}
+
+float scale_at(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+}  // namespace klein

@@ -1,0 +1,61 @@
+// Kernels per (op, weight format, ISA): one table of every compiled kernel, and the selection a
+// CPU backend makes from it once, at construction, from the CPU's features and an optional ISA
+// ceiling. Adding a kernel = writing it with its scalar-reference test and adding a table row.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "backend/backend.h"
+#include "core/cpu_features.h"
+#include "core/thread_pool.h"
+#include "core/weight.h"
+#include "kernels/conv2d.h"
+
+namespace klein::kernels {
+
+enum class Op : uint8_t { kLinear, kAttention, kConv2d, kCount };
+std::string_view op_name(Op op);
+
+// Signatures of the registered kernels (arguments validated and strides resolved by the caller;
+// bias as float32 [N] or null).
+using LinearFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
+                          ThreadPool& pool, int64_t ldx, int64_t ldy);
+using AttentionFn = void (*)(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
+                             int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
+                             int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo);
+using Conv2dFn = void (*)(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                          const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+                          ThreadPool& pool);
+
+struct KernelEntry {
+  Op op;
+  DType format;  // the weight format it computes with (kF32 for attention: activations only)
+  Isa isa;
+  std::string_view name;
+  LinearFn linear = nullptr;
+  AttentionFn attention = nullptr;
+  Conv2dFn conv2d = nullptr;
+};
+
+// Every kernel compiled into this build.
+std::span<const KernelEntry> kernel_table();
+
+// The chosen kernel per (op, format): the entry of the highest ISA that the CPU has and that is
+// ≤ max_isa. Every (op, format) the engine computes has a kScalar entry, so selection never fails.
+class KernelSet {
+ public:
+  static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount);
+  const KernelEntry& get(Op op, DType format) const;
+  Isa max_isa() const { return max_isa_; }
+  // One line per (op, format): "linear BF16: avx2 (gemm_avx2)".
+  std::string describe() const;
+
+ private:
+  const KernelEntry* chosen_[static_cast<int>(Op::kCount)][static_cast<int>(DType::kCount)] = {};
+  Isa max_isa_ = Isa::kScalar;
+};
+
+}  // namespace klein::kernels
