@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/cpu/cpu_backend.h"
 #include "io/dump.h"
 #include "io/json_file.h"
 #include "io/npy.h"
@@ -134,7 +134,7 @@ TEST(Flux2Dit, MatchesDiffusersReference) {
   if (cases.empty()) GTEST_SKIP() << "no transformer fixtures in " << ref_root() / "manifest.json";
   auto model = Flux2Transformer::load(tiny_transformer());
   ASSERT_TRUE(model.ok()) << model.status().to_string();
-  ThreadPool pool(4);
+  CpuBackend pool(CpuBackendOptions{4});
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
     const fs::path dir = ref_root() / name;
@@ -155,7 +155,7 @@ TEST(Flux2Dit, MatchesDiffusersReference) {
     const fs::path dump_dir = klein::testing::make_temp_dir("dit_dump");
     Dumper dumper(dump_dir);
     RunContext ctx;
-    ctx.pool = &pool;
+    ctx.backend = &pool;
     ctx.dumper = &dumper;
     Tensor img = hs.to_tensor(), txt = ehs.to_tensor();
     auto out = model->forward(img, txt, ts.to_f32()[0], img_ids, txt_ids, ctx);
@@ -219,9 +219,9 @@ TEST(Flux2Dit, MatchesPipelineVelocities) {
   if (!manifest.ok()) GTEST_SKIP() << "no reference manifest";
   auto model = Flux2Transformer::load(tiny_transformer());
   ASSERT_TRUE(model.ok()) << model.status().to_string();
-  ThreadPool pool(4);
+  CpuBackend pool(CpuBackendOptions{4});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   int checked = 0;
   for (const auto& c : (*manifest)["cases"]) {
     if (c.value("kind", "") != "t2i" || c.value("dtype", "") != "float32") continue;
@@ -336,7 +336,9 @@ TEST(Flux2Dit, RejectsBadConfigValues) {
 TEST(Flux2Dit, RejectsBadInputs) {
   auto m = Flux2Transformer::load(tiny_transformer());
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  RunContext ctx;  // no pool: runs single-threaded
+  CpuBackend be(CpuBackendOptions{1});
+  RunContext ctx;
+  ctx.backend = &be;
   Tensor img({4, 128}), txt({3, 48});
   const Flux2Ids iid = flux2_image_ids(2, 2), tid = flux2_text_ids(3);
   ASSERT_TRUE(m->forward(img, txt, 0.5f, iid, tid, ctx).ok());
@@ -388,7 +390,9 @@ TEST(Flux2Dit, GuidanceEmbedderAddsToTheTimestepEmbedding) {
   auto temb_of = [&](const Flux2Transformer& m, std::optional<float> g) {
     const fs::path dd = klein::testing::make_temp_dir("dit_guid_dump");
     Dumper d(dd, "dit.temb");
+    CpuBackend be(CpuBackendOptions{1});
     RunContext ctx;
+    ctx.backend = &be;
     ctx.dumper = &d;
     EXPECT_TRUE(m.forward(img, txt, 0.6f, iid, tid, ctx, g).ok());
     auto v = must_read(dd / "dit.temb.npy").to_f32();

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "core/run_context.h"
-#include "core/thread_pool.h"
+#include "backend/run_context.h"
+#include "backend/cpu/cpu_backend.h"
 #include "io/dump.h"
 #include "io/json_file.h"
 #include "io/npy.h"
@@ -158,9 +158,9 @@ TEST(Flux2Vae, ConfigContradictingWeightsNamesTheTensor) {
 
 TEST(Flux2Vae, RejectsBadInputs) {
   const Flux2Vae& vae = tiny_vae();
-  ThreadPool pool(1);
+  CpuBackend pool(CpuBackendOptions{1});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   EXPECT_EQ(vae.decode(Tensor({1, 16, 4, 4}), ctx).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(vae.decode(Tensor({32, 4, 4}), ctx).status().code(), Code::kInvalidArgument);
   Tensor nan_z({1, 32, 2, 2});
@@ -176,9 +176,9 @@ TEST(Flux2Vae, RejectsBadInputs) {
 
 TEST(Flux2Vae, BatchIsPerItem) {
   const Flux2Vae& vae = tiny_vae();
-  ThreadPool pool(2);
+  CpuBackend pool(CpuBackendOptions{2});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
   Tensor z({2, 32, 3, 2});
@@ -206,11 +206,11 @@ void check_decode_case(const std::string& name, bool hooks) {
   if (!fs::exists(d / "image.npy")) GTEST_SKIP() << "fixture " << d << " not generated yet";
   const Flux2Vae& vae = tiny_vae();
   const Tensor z = load_npy(d / "z.npy"), ref = load_npy(d / "image.npy");
-  ThreadPool pool(2);
+  CpuBackend pool(CpuBackendOptions{2});
   const fs::path dump_dir = klein::testing::make_temp_dir("vae_dump");
   Dumper dumper(hooks ? dump_dir : fs::path());
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   ctx.dumper = hooks ? &dumper : nullptr;
   auto img = vae.decode(z, ctx);
   ASSERT_TRUE(img.ok()) << img.status().to_string();
@@ -242,9 +242,9 @@ TEST(Flux2VaeRef, EncodeMean64x64) {
   const fs::path d = ref_dir("vae_enc_64x64");
   if (!fs::exists(d / "mean.npy")) GTEST_SKIP() << "fixture " << d << " not generated yet";
   const Flux2Vae& vae = tiny_vae();
-  ThreadPool pool(2);
+  CpuBackend pool(CpuBackendOptions{2});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   auto mean = vae.encode_mean(load_npy(d / "image.npy"), ctx);
   ASSERT_TRUE(mean.ok()) << mean.status().to_string();
   const double e = rel_err(*mean, load_npy(d / "mean.npy"));
@@ -267,9 +267,9 @@ TEST(Flux2VaeRef, EncodeMeanExternalFixture) {
   const char* dir = std::getenv("KLEIN_VAE_ENC_FIXTURE");
   if (!dir) GTEST_SKIP() << "set KLEIN_VAE_ENC_FIXTURE to a check_vae_encode.py output folder";
   const Flux2Vae& vae = tiny_vae();
-  ThreadPool pool(2);
+  CpuBackend pool(CpuBackendOptions{2});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   auto mean = vae.encode_mean(load_npy(fs::path(dir) / "image.npy"), ctx);
   ASSERT_TRUE(mean.ok()) << mean.status().to_string();
   const double e = rel_err(*mean, load_npy(fs::path(dir) / "mean.npy"));

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backend/cpu/cpu_backend.h"
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "klein/klein.h"

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "io/json_file.h"
 #include "io/model_folder.h"
 #include "io/npy.h"
@@ -66,9 +67,9 @@ TEST_P(TextEncoderRef, MatchesDiffusersEncodePrompt) {
   const fs::path dir = klein::testing::data_dir() / "ref" / name;
   auto model = ModelFolder::open(klein::testing::tiny_model_dir());
   ASSERT_TRUE(model.ok()) << model.status().to_string();
-  ThreadPool pool(2);
+  CpuBackend pool(CpuBackendOptions{2});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   auto enc = encode_prompt(*model, prompt_of(name), ctx);
   ASSERT_TRUE(enc.ok()) << enc.status().to_string();
 
@@ -143,9 +144,9 @@ TEST(TextEncoder, LaterLayersAreNeverRead) {
 
   std::vector<int32_t> ids = {151644, 872, 198, 32, 8251, 151645, 151643, 151643};
   std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 0, 0};
-  ThreadPool pool(1);
+  CpuBackend pool(CpuBackendOptions{1});
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &pool;
   auto full = Qwen3Encoder::load(src, 27);
   auto trimmed = Qwen3Encoder::load(dir, 27);
   ASSERT_TRUE(full.ok() && trimmed.ok()) << trimmed.status().to_string();

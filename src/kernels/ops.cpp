@@ -69,4 +69,76 @@ void gelu_tanh(float* x, int64_t n) {
   }
 }
 
+void modulated_layer_norm_row(const float* xr, float* yr, int64_t D, float eps, const float* onep,
+                              const float* shift) {
+  double s = 0.0;
+  for (int64_t i = 0; i < D; ++i) s += xr[i];
+  const double mean = s / static_cast<double>(D);
+  double v = 0.0;
+  for (int64_t i = 0; i < D; ++i) {
+    const double d = xr[i] - mean;
+    v += d * d;
+  }
+  const float rstd = static_cast<float>(1.0 / std::sqrt(v / static_cast<double>(D) + eps));
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < D; ++i) {
+    const float n = (xr[i] - m) * rstd;
+    yr[i] = onep[i] * n + shift[i];
+  }
+}
+
+void group_norm_affine_group(const float* p, int64_t cpg, int64_t hw, double eps, const float* gamma,
+                             const float* beta, float* scale, float* shift) {
+  const int64_t n_el = cpg * hw;
+  double sum = 0;
+  for (int64_t i = 0; i < n_el; ++i) sum += p[i];
+  const double mean = sum / static_cast<double>(n_el);
+  double ss = 0;
+  for (int64_t i = 0; i < n_el; ++i) {
+    const double d = p[i] - mean;
+    ss += d * d;
+  }
+  const double var = ss / static_cast<double>(n_el);
+  const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const float meanf = static_cast<float>(mean);
+  for (int64_t c = 0; c < cpg; ++c) {
+    scale[c] = gamma[c] * rstd;
+    shift[c] = beta[c] - meanf * scale[c];
+  }
+}
+
+void rope_half(float* x, int64_t L, int64_t heads, int64_t D, int64_t ld, const float* cosv,
+               const float* sinv) {
+  const int64_t half = D / 2;
+  for (int64_t l = 0; l < L; ++l) {
+    const float* c = cosv + l * half;
+    const float* s = sinv + l * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + l * ld + h * D;
+      for (int64_t d = 0; d < half; ++d) {
+        const float a = v[d], b = v[d + half];
+        v[d] = a * c[d] - b * s[d];
+        v[d + half] = b * c[d] + a * s[d];
+      }
+    }
+  }
+}
+
+void rope_interleaved_head(float* v, int64_t D, const float* c, const float* s) {
+  // out = x * cos + rotate(x) * sin with rotate(x)[2j] = -x[2j+1], rotate(x)[2j+1] = x[2j].
+  for (int64_t j = 0; j < D; j += 2) {
+    const float a = v[j], b = v[j + 1];
+    v[j] = a * c[j] + (-b) * s[j];
+    v[j + 1] = b * c[j + 1] + a * s[j + 1];
+  }
+}
+
+void rms_norm_head(float* v, int64_t D, const float* w, float eps) {
+  double ssd = 0.0;
+  for (int64_t i = 0; i < D; ++i) ssd += static_cast<double>(v[i]) * v[i];
+  const float ss = static_cast<float>(ssd / static_cast<double>(D));
+  const float inv = 1.0f / std::sqrt(ss + eps);
+  for (int64_t i = 0; i < D; ++i) v[i] = (v[i] * inv) * w[i];
+}
+
 }  // namespace klein::ops

@@ -22,4 +22,20 @@ void silu_mul(const float* a, const float* b, float* out, int64_t n);
 // GELU with tanh approximation (as torch approximate="tanh").
 void gelu_tanh(float* x, int64_t n);
 
+// One row of a modulated LayerNorm (no affine, biased variance): y = LN(x)·onep + shift.
+void modulated_layer_norm_row(const float* x, float* y, int64_t n, float eps, const float* onep,
+                              const float* shift);
+// One GroupNorm group (cpg channels × hw values at x) as a per-channel affine:
+// scale[c] = gamma[c]·rstd, shift[c] = beta[c] − mean·scale[c]; two-pass statistics in double.
+void group_norm_affine_group(const float* x, int64_t cpg, int64_t hw, double eps, const float* gamma,
+                             const float* beta, float* scale, float* shift);
+// Half-split RoPE in place on x [L, heads, D] at row stride ld; cos/sin [L, D/2].
+void rope_half(float* x, int64_t L, int64_t heads, int64_t D, int64_t ld, const float* cos,
+               const float* sin);
+// Interleaved RoPE on one head v[D]: pairs (2j, 2j+1) rotated by cos/sin[D] (angle per pair,
+// repeated), as diffusers' apply_rotary_emb with use_real_unbind_dim=-1.
+void rope_interleaved_head(float* v, int64_t D, const float* cos, const float* sin);
+// RMSNorm of one head v[D] in place with weight w[D].
+void rms_norm_head(float* v, int64_t D, const float* w, float eps);
+
 }  // namespace klein::ops

@@ -58,4 +58,14 @@ class KernelSet {
   Isa max_isa_ = Isa::kScalar;
 };
 
+// Validated entry points: argument checks (throwing std::invalid_argument on a programming
+// error), 0 strides resolved, bias converted to f32, then the selected kernel.
+void run_linear(const KernelSet& ks, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
+                float* y, ThreadPool& pool, int64_t ldx = 0, int64_t ldy = 0);
+void run_attention(const KernelSet& ks, const float* q, const float* k, const float* v, float* out, int64_t Sq,
+                   int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
+                   int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
+void run_conv2d(const KernelSet& ks, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+
 }  // namespace klein::kernels

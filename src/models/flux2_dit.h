@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
+#include "backend/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
@@ -99,8 +99,12 @@ class Flux2Transformer {
     Weight qkv_mlp, to_out;
     std::vector<float> norm_q, norm_k;
   };
-  // temb [D] for the (already x1000) timestep value, plus the guidance embedding when present.
-  void time_embedding(float t1000, std::optional<float> g1000, float* temb, ThreadPool& pool) const;
+  struct Step;  // per-call state shared by the blocks (modulations, RoPE tables, buffers)
+  // temb [1, D] for the (already x1000) timestep value, plus the guidance embedding when present.
+  Status time_embedding(float t1000, std::optional<float> g1000, const TensorView& temb, const RunContext& ctx) const;
+  // Block i of each kind on the residual stream of `st` (text rows first), in place.
+  Status double_block(size_t i, Step& st, const RunContext& ctx) const;
+  Status single_block(size_t i, Step& st, const RunContext& ctx) const;
 
   Flux2Config cfg_;
   std::shared_ptr<WeightStore> store_;

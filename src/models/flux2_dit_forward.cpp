@@ -1,111 +1,13 @@
-// FLUX.2 transformer forward pass (float32). See flux2_dit.h for the structure and dump names.
-//
-// Memory plan (S = T + N tokens, D = inner dim, F = MLP width), all allocated once per call and
-// reused by every block:
-//   h   [S, D]        residual stream, text rows first: the double blocks work on its two row
-//                     ranges, so the concatenation before the single blocks is free
-//   nrm [S, D]        modulated LayerNorm output
-//   P   [S, 3D + 2F]  projections: double blocks use it as QKV [S, 3D] and as the FF hidden
-//                     [S, 2F]; single blocks as the fused QKV|gate|up output
-//   cat [S, D + F]    attention output (double: [S, D]); single blocks: [attention | SiLU(g)*u],
-//                     the input of the fused to_out; double blocks: the SwiGLU output [S, F]
-//   o   [S, D]        output projections before the gated residual
+// FLUX.2 transformer forward pass (see flux2_dit.h), written in the Backend's named ops only and
+// split per block; config, loading and the pure helpers are in flux2_dit.cpp.
 #include <cmath>
-#include <cstring>
+#include <string>
 
-#include "kernels/kernels.h"
-#include "kernels/ops.h"
 #include "models/flux2_dit.h"
 
 namespace klein {
 
 namespace {
-
-constexpr int64_t kRowGrain = 4;  // rows per parallel_for chunk lower bound for D-wide row ops
-
-// y[r] = LN(x[r]) * onep + shift for rows [0, rows), width D (LayerNorm without affine, biased
-// variance). onep = 1 + scale, precomputed once as diffusers does (`1 + scale` is its own op).
-void modulated_layer_norm(const float* x, float* y, int64_t rows, int64_t D, float eps, const float* onep,
-                          const float* shift, ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * D;
-      float* yr = y + r * D;
-      double s = 0.0;
-      for (int64_t i = 0; i < D; ++i) s += xr[i];
-      const double mean = s / static_cast<double>(D);
-      double v = 0.0;
-      for (int64_t i = 0; i < D; ++i) {
-        const double d = xr[i] - mean;
-        v += d * d;
-      }
-      const float rstd = static_cast<float>(1.0 / std::sqrt(v / static_cast<double>(D) + eps));
-      const float m = static_cast<float>(mean);
-      for (int64_t i = 0; i < D; ++i) {
-        const float n = (xr[i] - m) * rstd;
-        yr[i] = onep[i] * n + shift[i];
-      }
-    }
-  }, kRowGrain);
-}
-
-// h[r] += gate * o[r] for rows [0, rows), width D.
-void gated_residual(float* h, const float* o, int64_t rows, int64_t D, const float* gate, ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* hr = h + r * D;
-      const float* orow = o + r * D;
-      for (int64_t i = 0; i < D; ++i) hr[i] += gate[i] * orow[i];
-    }
-  }, kRowGrain);
-}
-
-// out[r, 0:F] = SiLU(in[r, 0:F]) * in[r, F:2F] for rows [0, rows); row strides ld_in / ld_out.
-void swiglu(const float* in, int64_t ld_in, float* out, int64_t ld_out, int64_t rows, int64_t F,
-            ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) ops::silu_mul(in + r * ld_in, in + r * ld_in + F, out + r * ld_out, F);
-  }, kRowGrain);
-}
-
-// Per token s and head: RMSNorm (weight w, over head_dim) then RoPE, in place, for Q at column
-// 0 and K at column D of each row of P (row stride ld). Rows [0, T) use the text weights.
-struct QkNorm {
-  const float* q_txt;
-  const float* k_txt;
-  const float* q_img;
-  const float* k_img;
-};
-void qk_norm_rope(float* P, int64_t ld, int64_t S, int64_t T, int64_t H, int64_t hd, int64_t D,
-                  const QkNorm& w, float eps, const float* cos, const float* sin, ThreadPool& pool) {
-  auto norm_rope = [&](float* v, const float* wt, const float* c, const float* s) {
-    double ssd = 0.0;
-    for (int64_t i = 0; i < hd; ++i) ssd += static_cast<double>(v[i]) * v[i];
-    const float ss = static_cast<float>(ssd / static_cast<double>(hd));
-    const float inv = 1.0f / std::sqrt(ss + eps);
-    for (int64_t i = 0; i < hd; ++i) v[i] = (v[i] * inv) * wt[i];
-    // out = x * cos + rotate(x) * sin with rotate(x)[2j] = -x[2j+1], rotate(x)[2j+1] = x[2j].
-    for (int64_t j = 0; j < hd; j += 2) {
-      const float a = v[j], b = v[j + 1];
-      v[j] = a * c[j] + (-b) * s[j];
-      v[j + 1] = b * c[j + 1] + a * s[j + 1];
-    }
-  };
-  pool.parallel_for(S, [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) {
-      const bool txt = s < T;
-      const float* wq = txt ? w.q_txt : w.q_img;
-      const float* wk = txt ? w.k_txt : w.k_img;
-      const float* c = cos + s * hd;
-      const float* sn = sin + s * hd;
-      float* row = P + s * ld;
-      for (int64_t h = 0; h < H; ++h) {
-        norm_rope(row + h * hd, wq, c, sn);
-        norm_rope(row + D + h * hd, wk, c, sn);
-      }
-    }
-  }, kRowGrain);
-}
 
 bool ids_in_range(const Flux2Ids& ids) {
   for (const auto& a : ids)
@@ -114,22 +16,138 @@ bool ids_in_range(const Flux2Ids& ids) {
   return true;
 }
 
+// The modulation of one stream of a double block. Chunk k of a modulation vector is
+// [k·D, (k+1)·D): shift, scale, gate (attention), shift, scale, gate (MLP); `onep_*` = 1 + scale,
+// computed once per step as diffusers does (`1 + scale` is its own op).
+struct StreamMod {
+  TensorView shift_msa, gate_msa, shift_mlp, gate_mlp;
+  Tensor onep_msa, onep_mlp;
+};
+
 }  // namespace
 
-void Flux2Transformer::time_embedding(float t1000, std::optional<float> g1000, float* temb, ThreadPool& pool) const {
+struct Flux2Transformer::Step {
+  int64_t T = 0, N = 0, S = 0;   // text, image and all tokens
+  Tensor h;                      // [S, D] residual stream, text rows first
+  StreamMod mi, mt;              // double-block modulations (image, text)
+  TensorView single_shift, single_gate;
+  Tensor single_onep;
+  Tensor rcos, rsin;             // [S, head_dim]
+  Tensor nrm, P, cat, o;         // work buffers: [S, D], [S, 3D+2F], [S, D+F], [S, D]
+  TensorView htxt() const { return h.view().row_range(0, T); }
+  TensorView himg() const { return h.view().row_range(T, S); }
+};
+
+Status Flux2Transformer::time_embedding(float t1000, std::optional<float> g1000, const TensorView& temb,
+                                        const RunContext& ctx) const {
+  Backend& be = ctx.be();
   const int64_t D = cfg_.inner_dim(), C = cfg_.timestep_guidance_channels;
-  Tensor hidden({1, D}), tmp({1, D});
-  auto embed = [&](float v, const Weight& l1, const Weight& l2, float* out) {
+  KLEIN_ASSIGN_OR_RETURN(Tensor hidden, be.alloc({1, D}, "the time embedding"));
+  auto embed = [&](float v, const Weight& l1, const Weight& l2, const TensorView& out) -> Status {
     const std::vector<float> proj = flux2_timestep_sinusoid(v, C);
-    kernels::linear(proj.data(), 1, C, l1, nullptr, hidden.data(), pool);
-    ops::silu(hidden.data(), D);
-    kernels::linear(hidden.data(), 1, D, l2, nullptr, out, pool);
+    KLEIN_ASSIGN_OR_RETURN(Tensor p, be.upload(proj.data(), {1, C}, "the timestep sinusoid"));
+    KLEIN_RETURN_IF_ERROR(be.linear(p, l1, nullptr, hidden));
+    KLEIN_RETURN_IF_ERROR(be.silu(hidden));
+    return be.linear(hidden, l2, nullptr, out);
   };
-  embed(t1000, t_lin1_, t_lin2_, temb);
+  KLEIN_RETURN_IF_ERROR(embed(t1000, t_lin1_, t_lin2_, temb));
   if (g1000 && cfg_.guidance_embeds) {
-    embed(*g1000, g_lin1_, g_lin2_, tmp.data());
-    for (int64_t i = 0; i < D; ++i) temb[i] += tmp.data()[i];
+    KLEIN_ASSIGN_OR_RETURN(Tensor g, be.alloc({1, D}, "the guidance embedding"));
+    KLEIN_RETURN_IF_ERROR(embed(*g1000, g_lin1_, g_lin2_, g));
+    KLEIN_RETURN_IF_ERROR(be.add(temb, g));
   }
+  return Status::Ok();
+}
+
+Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx) const {
+  Backend& be = ctx.be();
+  const Flux2Config& c = cfg_;
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim, T = st.T, S = st.S;
+  const int H = static_cast<int>(c.num_attention_heads);
+  const float eps = static_cast<float>(c.eps);
+  const DoubleBlock& b = double_[bi];
+  const std::string pfx = "dit.double" + std::to_string(bi) + ".";
+  const TensorView htxt = st.htxt(), himg = st.himg();
+  const TensorView ntxt = st.nrm.view().row_range(0, T), nimg = st.nrm.view().row_range(T, S);
+  auto norm = [&](const std::vector<float>& w) { return be.upload(w.data(), {hd}, "a q/k norm weight"); };
+  KLEIN_ASSIGN_OR_RETURN(Tensor nq_txt, norm(b.norm_added_q));
+  KLEIN_ASSIGN_OR_RETURN(Tensor nk_txt, norm(b.norm_added_k));
+  KLEIN_ASSIGN_OR_RETURN(Tensor nq_img, norm(b.norm_q));
+  KLEIN_ASSIGN_OR_RETURN(Tensor nk_img, norm(b.norm_k));
+
+  // Attention: QKV [S, 3D] in P (at row stride 3D), text rows first.
+  const TensorView qkv = st.P.view().reshaped({S, 3 * D});
+  const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D), v = qkv.col_range(2 * D, 3 * D);
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_msa, st.mt.shift_msa, eps));
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_msa, st.mi.shift_msa, eps));
+  KLEIN_RETURN_IF_ERROR(be.linear(ntxt, b.add_q, nullptr, q.row_range(0, T)));
+  KLEIN_RETURN_IF_ERROR(be.linear(ntxt, b.add_k, nullptr, k.row_range(0, T)));
+  KLEIN_RETURN_IF_ERROR(be.linear(ntxt, b.add_v, nullptr, v.row_range(0, T)));
+  KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_q, nullptr, q.row_range(T, S)));
+  KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_k, nullptr, k.row_range(T, S)));
+  KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_v, nullptr, v.row_range(T, S)));
+  const TensorView cos_t = st.rcos.view().row_range(0, T), sin_t = st.rsin.view().row_range(0, T);
+  const TensorView cos_i = st.rcos.view().row_range(T, S), sin_i = st.rsin.view().row_range(T, S);
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(0, T), H, nq_txt, eps, cos_t, sin_t));
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k.row_range(0, T), H, nk_txt, eps, cos_t, sin_t));
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(T, S), H, nq_img, eps, cos_i, sin_i));
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k.row_range(T, S), H, nk_img, eps, cos_i, sin_i));
+  const TensorView att = st.cat.view().reshaped({S, D});
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, att, H, H, scale, AttnMask{}));
+  const TensorView otxt = st.o.view().row_range(0, T), oimg = st.o.view().row_range(T, S);
+  KLEIN_RETURN_IF_ERROR(be.linear(att.row_range(0, T), b.to_add_out, nullptr, otxt));
+  KLEIN_RETURN_IF_ERROR(be.linear(att.row_range(T, S), b.to_out, nullptr, oimg));
+  ctx.dump(pfx + "attn_img", oimg, {1, st.N, D});
+  ctx.dump(pfx + "attn_txt", otxt, {1, T, D});
+  KLEIN_RETURN_IF_ERROR(be.gated_add(htxt, otxt, st.mt.gate_msa));
+  KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_msa));
+
+  // Feed-forward (SwiGLU): hidden [S, 2F] in P (gate | up), activation [S, F] in cat.
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_mlp, st.mt.shift_mlp, eps));
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_mlp, st.mi.shift_mlp, eps));
+  const TensorView u = st.P.view().reshaped({S, 2 * F});
+  const TensorView act = st.cat.view().reshaped({S, F});
+  KLEIN_RETURN_IF_ERROR(be.linear(ntxt, b.ffc_in, nullptr, u.row_range(0, T)));
+  KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.ff_in, nullptr, u.row_range(T, S)));
+  KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), act));
+  KLEIN_RETURN_IF_ERROR(be.linear(act.row_range(0, T), b.ffc_out, nullptr, otxt));
+  KLEIN_RETURN_IF_ERROR(be.linear(act.row_range(T, S), b.ff_out, nullptr, oimg));
+  KLEIN_RETURN_IF_ERROR(be.gated_add(htxt, otxt, st.mt.gate_mlp));
+  KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_mlp));
+  ctx.dump(pfx + "img", himg, {1, st.N, D});
+  ctx.dump(pfx + "txt", htxt, {1, T, D});
+  return Status::Ok();
+}
+
+Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx) const {
+  Backend& be = ctx.be();
+  const Flux2Config& c = cfg_;
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim, T = st.T, S = st.S;
+  const int H = static_cast<int>(c.num_attention_heads);
+  const float eps = static_cast<float>(c.eps);
+  const SingleBlock& b = single_[bi];
+  const std::string name = "dit.single" + std::to_string(bi);
+  KLEIN_ASSIGN_OR_RETURN(Tensor nq, be.upload(b.norm_q.data(), {hd}, "a q norm weight"));
+  KLEIN_ASSIGN_OR_RETURN(Tensor nk, be.upload(b.norm_k.data(), {hd}, "a k norm weight"));
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(st.h, st.nrm, st.single_onep, st.single_shift, eps));
+  // P rows: [Q | K | V | gate | up], one fused projection.
+  const TensorView P = st.P;
+  KLEIN_RETURN_IF_ERROR(be.linear(st.nrm, b.qkv_mlp, nullptr, P));
+  const TensorView q = P.col_range(0, D), k = P.col_range(D, 2 * D), v = P.col_range(2 * D, 3 * D);
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q, H, nq, eps, st.rcos, st.rsin));
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k, H, nk, eps, st.rcos, st.rsin));
+  // cat rows: [attention (D) | SiLU(gate) * up (F)], the input of the fused to_out.
+  const TensorView cat = st.cat;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, cat.col_range(0, D), H, H, scale, AttnMask{}));
+  KLEIN_RETURN_IF_ERROR(be.swiglu(P.col_range(3 * D, 3 * D + F), P.col_range(3 * D + F, 3 * D + 2 * F),
+                                  cat.col_range(D, D + F)));
+  KLEIN_RETURN_IF_ERROR(be.linear(cat, b.to_out, nullptr, st.o));
+  ctx.dump(name + ".attn", st.o, {1, S, D});
+  KLEIN_RETURN_IF_ERROR(be.gated_add(st.h, st.o, st.single_gate));
+  ctx.dump(name, st.h, {1, S, D});
+  return Status::Ok();
 }
 
 Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, float timestep,
@@ -137,7 +155,6 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
                                          std::optional<float> guidance) const {
   const Flux2Config& c = cfg_;
   const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
-  const int64_t H = c.num_attention_heads;
   const int64_t Cin = c.in_channels, J = c.joint_attention_dim, Cout = c.out_channels;
 
   // ---- input checks (caller errors, never aborts)
@@ -164,163 +181,102 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
     return invalid_argument("transformer: a position id is outside +-2^24");
   if (!std::isfinite(timestep)) return invalid_argument("transformer: timestep is not finite");
   if (guidance && !std::isfinite(*guidance)) return invalid_argument("transformer: guidance is not finite");
-  if (!all_finite(img.data(), img.numel())) return invalid_argument("transformer: image tokens contain NaN/Inf");
-  if (!all_finite(txt.data(), txt.numel())) return invalid_argument("transformer: text embeddings contain NaN/Inf");
-
-  ThreadPool local_pool(1);
-  ThreadPool& pool = ctx.pool ? *ctx.pool : local_pool;
-  const int64_t S = T + N;
-  const float eps = static_cast<float>(c.eps);
+  if (!ctx.backend) return invalid_argument("transformer: RunContext without a backend");
+  Backend& be = ctx.be();
+  {
+    KLEIN_ASSIGN_OR_RETURN(bool fi, be.all_finite(img));
+    KLEIN_ASSIGN_OR_RETURN(bool ft, be.all_finite(txt));
+    if (!fi) return invalid_argument("transformer: image tokens contain NaN/Inf");
+    if (!ft) return invalid_argument("transformer: text embeddings contain NaN/Inf");
+  }
+  const TensorView img_m = img.view().reshaped({N, Cin}), txt_m = txt.view().reshaped({T, J});
+  Step st;
+  st.T = T, st.N = N, st.S = T + N;
+  const int64_t S = st.S;
 
   // ---- 1. timestep embedding: timestep.to(dtype) * 1000 in float32, as the model does.
-  Tensor temb({1, D});
-  const float t1000 = timestep * 1000.0f;
+  KLEIN_ASSIGN_OR_RETURN(Tensor temb, be.alloc({1, D}, "the time embedding"));
   std::optional<float> g1000;
   if (guidance) g1000 = *guidance * 1000.0f;
-  time_embedding(t1000, g1000, temb.data(), pool);
+  KLEIN_RETURN_IF_ERROR(time_embedding(timestep * 1000.0f, g1000, temb, ctx));
   ctx.dump("dit.temb", temb);
 
-  // ---- 2. shared modulations from SiLU(temb); 1 + scale precomputed once per vector.
-  Tensor stemb = temb.clone();
-  ops::silu(stemb.data(), D);
-  Tensor mod_img({1, 6 * D}), mod_txt({1, 6 * D}), mod_single({1, 3 * D}), mod_out({1, 2 * D});
-  kernels::linear(stemb.data(), 1, D, mod_img_, nullptr, mod_img.data(), pool);
-  kernels::linear(stemb.data(), 1, D, mod_txt_, nullptr, mod_txt.data(), pool);
-  kernels::linear(stemb.data(), 1, D, mod_single_, nullptr, mod_single.data(), pool);
-  kernels::linear(stemb.data(), 1, D, norm_out_, nullptr, mod_out.data(), pool);
+  // ---- 2. shared modulations from SiLU(temb).
+  KLEIN_RETURN_IF_ERROR(be.silu(temb));  // temb is not needed unactivated any more
+  KLEIN_ASSIGN_OR_RETURN(Tensor mod_img, be.alloc({1, 6 * D}, "modulations"));
+  KLEIN_ASSIGN_OR_RETURN(Tensor mod_txt, be.alloc({1, 6 * D}, "modulations"));
+  KLEIN_ASSIGN_OR_RETURN(Tensor mod_single, be.alloc({1, 3 * D}, "modulations"));
+  KLEIN_ASSIGN_OR_RETURN(Tensor mod_out, be.alloc({1, 2 * D}, "modulations"));
+  KLEIN_RETURN_IF_ERROR(be.linear(temb, mod_img_, nullptr, mod_img));
+  KLEIN_RETURN_IF_ERROR(be.linear(temb, mod_txt_, nullptr, mod_txt));
+  KLEIN_RETURN_IF_ERROR(be.linear(temb, mod_single_, nullptr, mod_single));
+  KLEIN_RETURN_IF_ERROR(be.linear(temb, norm_out_, nullptr, mod_out));
   ctx.dump("dit.mod_img", mod_img);
   ctx.dump("dit.mod_txt", mod_txt);
   ctx.dump("dit.mod_single", mod_single);
-  // Chunk k of a modulation vector is [k*D, (k+1)*D). Double: shift, scale, gate (attention),
-  // shift, scale, gate (MLP). Single: shift, scale, gate. norm_out: scale, shift.
-  auto one_plus = [D](const Tensor& m, int64_t chunk) {
-    std::vector<float> r(D);
-    for (int64_t i = 0; i < D; ++i) r[i] = 1.0f + m.data()[chunk * D + i];
+  auto chunk = [D](const Tensor& m, int64_t k) { return m.view().col_range(k * D, (k + 1) * D); };
+  auto one_plus = [&](const Tensor& m, int64_t k) -> Result<Tensor> {
+    KLEIN_ASSIGN_OR_RETURN(Tensor r, be.alloc({1, D}, "modulations"));
+    KLEIN_RETURN_IF_ERROR(be.add_scalar(chunk(m, k), 1.0f, r));
     return r;
   };
-  struct StreamMod {
-    const float *shift_msa, *gate_msa, *shift_mlp, *gate_mlp;
-    std::vector<float> onep_msa, onep_mlp;
+  auto stream_mod = [&](const Tensor& m, StreamMod& s) -> Status {
+    s.shift_msa = chunk(m, 0), s.gate_msa = chunk(m, 2), s.shift_mlp = chunk(m, 3), s.gate_mlp = chunk(m, 5);
+    KLEIN_ASSIGN_OR_RETURN(s.onep_msa, one_plus(m, 1));
+    KLEIN_ASSIGN_OR_RETURN(s.onep_mlp, one_plus(m, 4));
+    return Status::Ok();
   };
-  auto stream_mod = [&](const Tensor& m) {
-    StreamMod s;
-    s.shift_msa = m.data();
-    s.onep_msa = one_plus(m, 1);
-    s.gate_msa = m.data() + 2 * D;
-    s.shift_mlp = m.data() + 3 * D;
-    s.onep_mlp = one_plus(m, 4);
-    s.gate_mlp = m.data() + 5 * D;
-    return s;
-  };
-  const StreamMod mi = stream_mod(mod_img), mt = stream_mod(mod_txt);
-  const float* single_shift = mod_single.data();
-  const std::vector<float> single_onep = one_plus(mod_single, 1);
-  const float* single_gate = mod_single.data() + 2 * D;
-  const std::vector<float> out_onep = one_plus(mod_out, 0);
-  const float* out_shift = mod_out.data() + D;
+  KLEIN_RETURN_IF_ERROR(stream_mod(mod_img, st.mi));
+  KLEIN_RETURN_IF_ERROR(stream_mod(mod_txt, st.mt));
+  st.single_shift = chunk(mod_single, 0);
+  st.single_gate = chunk(mod_single, 2);
+  KLEIN_ASSIGN_OR_RETURN(st.single_onep, one_plus(mod_single, 1));
+  KLEIN_ASSIGN_OR_RETURN(Tensor out_onep, one_plus(mod_out, 0));  // norm_out: scale first, then shift
+  const TensorView out_shift = chunk(mod_out, 1);
 
   // ---- 3. input projections into the residual stream (text rows first).
-  Tensor h({S, D});
-  float* htxt = h.data();
-  float* himg = h.data() + T * D;
-  kernels::linear(txt.data(), T, J, context_embedder_, nullptr, htxt, pool);
-  kernels::linear(img.data(), N, Cin, x_embedder_, nullptr, himg, pool);
-  ctx.dump("dit.x_embedder", himg, {1, N, D});
-  ctx.dump("dit.context_embedder", htxt, {1, T, D});
+  KLEIN_ASSIGN_OR_RETURN(st.h, be.alloc({S, D}, "the transformer's residual stream"));
+  KLEIN_RETURN_IF_ERROR(be.linear(txt_m, context_embedder_, nullptr, st.htxt()));
+  KLEIN_RETURN_IF_ERROR(be.linear(img_m, x_embedder_, nullptr, st.himg()));
+  ctx.dump("dit.x_embedder", st.himg(), {1, N, D});
+  ctx.dump("dit.context_embedder", st.htxt(), {1, T, D});
 
-  // ---- 4. RoPE tables for [text; image] tokens.
-  Tensor rcos({S, hd}), rsin({S, hd});
-  flux2_rope_tables(txt_ids, c.axes_dims_rope, c.rope_theta, rcos.data(), rsin.data());
-  flux2_rope_tables(img_ids, c.axes_dims_rope, c.rope_theta, rcos.data() + T * hd, rsin.data() + T * hd);
-  ctx.dump("dit.rope_cos", rcos);
-  ctx.dump("dit.rope_sin", rsin);
+  // ---- 4. RoPE tables for [text; image] tokens (host math, then on the device).
+  {
+    Tensor rcos({S, hd}), rsin({S, hd});
+    flux2_rope_tables(txt_ids, c.axes_dims_rope, c.rope_theta, rcos.data(), rsin.data());
+    flux2_rope_tables(img_ids, c.axes_dims_rope, c.rope_theta, rcos.data() + T * hd, rsin.data() + T * hd);
+    KLEIN_ASSIGN_OR_RETURN(st.rcos, be.upload(rcos.data(), {S, hd}, "RoPE tables"));
+    KLEIN_ASSIGN_OR_RETURN(st.rsin, be.upload(rsin.data(), {S, hd}, "RoPE tables"));
+  }
+  ctx.dump("dit.rope_cos", st.rcos);
+  ctx.dump("dit.rope_sin", st.rsin);
 
   // ---- work buffers, shared by all blocks
-  const int64_t ldp = 3 * D + 2 * F, ldcat = D + F;
-  Tensor nrm({S, D}), P({S, ldp}), cat({S, ldcat}), o({S, D});
-  const float attn_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const kernels::AttnMask no_mask{};
-  const int Hi = static_cast<int>(H), hdi = static_cast<int>(hd);
+  KLEIN_ASSIGN_OR_RETURN(st.nrm, be.alloc({S, D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.P, be.alloc({S, 3 * D + 2 * F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.cat, be.alloc({S, D + F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.o, be.alloc({S, D}, "transformer activations"));
 
-  // ---- 5. double-stream blocks
+  // ---- 5./6. double-stream blocks, then single-stream blocks on h = [text; image]
   for (size_t bi = 0; bi < double_.size(); ++bi) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("the transformer"));
-    const DoubleBlock& b = double_[bi];
-    const std::string pfx = "dit.double" + std::to_string(bi) + ".";
-    float* ntxt = nrm.data();
-    float* nimg = nrm.data() + T * D;
-    // Attention: QKV [S, 3D] at row stride 3D in P, text rows first.
-    const int64_t ldq = 3 * D;
-    float* qkv = P.data();
-    modulated_layer_norm(htxt, ntxt, T, D, eps, mt.onep_msa.data(), mt.shift_msa, pool);
-    modulated_layer_norm(himg, nimg, N, D, eps, mi.onep_msa.data(), mi.shift_msa, pool);
-    kernels::linear(ntxt, T, D, b.add_q, nullptr, qkv, pool, D, ldq);
-    kernels::linear(ntxt, T, D, b.add_k, nullptr, qkv + D, pool, D, ldq);
-    kernels::linear(ntxt, T, D, b.add_v, nullptr, qkv + 2 * D, pool, D, ldq);
-    float* qkv_img = qkv + T * ldq;
-    kernels::linear(nimg, N, D, b.to_q, nullptr, qkv_img, pool, D, ldq);
-    kernels::linear(nimg, N, D, b.to_k, nullptr, qkv_img + D, pool, D, ldq);
-    kernels::linear(nimg, N, D, b.to_v, nullptr, qkv_img + 2 * D, pool, D, ldq);
-    qk_norm_rope(qkv, ldq, S, T, H, hd, D,
-                 QkNorm{b.norm_added_q.data(), b.norm_added_k.data(), b.norm_q.data(), b.norm_k.data()}, eps,
-                 rcos.data(), rsin.data(), pool);
-    float* att = cat.data();  // [S, D]
-    kernels::attention(qkv, qkv + D, qkv + 2 * D, att, S, S, Hi, Hi, hdi, attn_scale, no_mask, pool, ldq, ldq,
-                       ldq, D);
-    float* otxt = o.data();
-    float* oimg = o.data() + T * D;
-    kernels::linear(att, T, D, b.to_add_out, nullptr, otxt, pool);
-    kernels::linear(att + T * D, N, D, b.to_out, nullptr, oimg, pool);
-    ctx.dump(pfx + "attn_img", oimg, {1, N, D});
-    ctx.dump(pfx + "attn_txt", otxt, {1, T, D});
-    gated_residual(htxt, otxt, T, D, mt.gate_msa, pool);
-    gated_residual(himg, oimg, N, D, mi.gate_msa, pool);
-
-    // Feed-forward (SwiGLU): hidden [S, 2F] in P, activation [S, F] in cat.
-    modulated_layer_norm(htxt, ntxt, T, D, eps, mt.onep_mlp.data(), mt.shift_mlp, pool);
-    modulated_layer_norm(himg, nimg, N, D, eps, mi.onep_mlp.data(), mi.shift_mlp, pool);
-    float* u = P.data();
-    float* act = cat.data();
-    kernels::linear(ntxt, T, D, b.ffc_in, nullptr, u, pool);
-    kernels::linear(nimg, N, D, b.ff_in, nullptr, u + T * 2 * F, pool);
-    swiglu(u, 2 * F, act, F, S, F, pool);
-    kernels::linear(act, T, F, b.ffc_out, nullptr, otxt, pool);
-    kernels::linear(act + T * F, N, F, b.ff_out, nullptr, oimg, pool);
-    gated_residual(htxt, otxt, T, D, mt.gate_mlp, pool);
-    gated_residual(himg, oimg, N, D, mi.gate_mlp, pool);
-    ctx.dump(pfx + "img", himg, {1, N, D});
-    ctx.dump(pfx + "txt", htxt, {1, T, D});
+    KLEIN_RETURN_IF_ERROR(double_block(bi, st, ctx));
   }
-
-  // ---- 6. single-stream blocks on h = [text; image]
   for (size_t bi = 0; bi < single_.size(); ++bi) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("the transformer"));
-    const SingleBlock& b = single_[bi];
-    const std::string name = "dit.single" + std::to_string(bi);
-    modulated_layer_norm(h.data(), nrm.data(), S, D, eps, single_onep.data(), single_shift, pool);
-    // P rows: [Q | K | V | gate | up].
-    kernels::linear(nrm.data(), S, D, b.qkv_mlp, nullptr, P.data(), pool);
-    qk_norm_rope(P.data(), ldp, S, T, H, hd, D, QkNorm{b.norm_q.data(), b.norm_k.data(), b.norm_q.data(), b.norm_k.data()},
-                 eps, rcos.data(), rsin.data(), pool);
-    // cat rows: [attention (D) | SiLU(gate) * up (F)], the input of the fused to_out.
-    kernels::attention(P.data(), P.data() + D, P.data() + 2 * D, cat.data(), S, S, Hi, Hi, hdi, attn_scale, no_mask,
-                       pool, ldp, ldp, ldp, ldcat);
-    swiglu(P.data() + 3 * D, ldp, cat.data() + D, ldcat, S, F, pool);
-    kernels::linear(cat.data(), S, D + F, b.to_out, nullptr, o.data(), pool);
-    ctx.dump(name + ".attn", o.data(), {1, S, D});
-    gated_residual(h.data(), o.data(), S, D, single_gate, pool);
-    ctx.dump(name, h.data(), {1, S, D});
+    KLEIN_RETURN_IF_ERROR(single_block(bi, st, ctx));
   }
 
   // ---- 7. output: AdaLayerNormContinuous on the image rows (scale first, then shift), proj_out.
-  float* nimg = nrm.data() + T * D;
-  modulated_layer_norm(himg, nimg, N, D, eps, out_onep.data(), out_shift, pool);
+  const TensorView nimg = st.nrm.view().row_range(T, S);
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(st.himg(), nimg, out_onep, out_shift, static_cast<float>(c.eps)));
   ctx.dump("dit.norm_out", nimg, {1, N, D});
-  Tensor out({N, Cout});
-  kernels::linear(nimg, N, D, proj_out_, nullptr, out.data(), pool);
-  ctx.dump("dit.output", out.data(), {1, N, Cout});
-  if (!all_finite(out.data(), out.numel()))
-    return internal_error("transformer produced non-finite values (corrupt weights or overflow)");
+  KLEIN_ASSIGN_OR_RETURN(Tensor out, be.alloc({N, Cout}, "the transformer output"));
+  KLEIN_RETURN_IF_ERROR(be.linear(nimg, proj_out_, nullptr, out));
+  ctx.dump("dit.output", out, {1, N, Cout});
+  KLEIN_ASSIGN_OR_RETURN(bool finite, be.all_finite(out));
+  if (!finite) return internal_error("transformer produced non-finite values (corrupt weights or overflow)");
   return out;
 }
 

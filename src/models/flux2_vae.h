@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
+#include "backend/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
@@ -106,6 +106,17 @@ class Flux2Vae {
     bool has_sampler = false;  // Downsample2D (encoder) or Upsample2D (decoder)
     Conv sampler;
   };
+
+  // The blocks, on one batch item [1, C, H, W] (the tiling and streaming granularity).
+  // ResnetBlock2D: x → shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))).
+  Result<Tensor> resnet(const Resnet& r, Tensor x, const RunContext& ctx) const;
+  // Mid-block attention, in place: x += to_out(sdpa(qkv(gn(x)))) over the HW tokens.
+  Status attention(const Attn& a, Tensor& x, const RunContext& ctx) const;
+  Result<Tensor> mid_block(const Mid& m, Tensor x, const RunContext& ctx) const;
+  // A decoder up block (resnets, then nearest ×2 + conv) / an encoder down block (resnets, then
+  // the stride-2 conv).
+  Result<Tensor> up_block(const Block& b, Tensor x, const RunContext& ctx) const;
+  Result<Tensor> down_block(const Block& b, Tensor x, const RunContext& ctx) const;
 
  private:
   Result<Tensor> decode_one(Tensor x, const RunContext& ctx) const;

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/run_context.h"
+#include "backend/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
@@ -48,6 +48,10 @@ class Qwen3Encoder {
                         const std::vector<int>& taps, const RunContext& ctx) const;
 
  private:
+  struct Buffers;  // per-call activations shared by the layers (qwen3_forward.cpp)
+  // One decoder layer on the residual stream x [L, H], in place.
+  Status layer(int i, const TensorView& x, Buffers& b, const AttnMask& mask, const RunContext& ctx) const;
+
   struct Layer {
     Weight input_norm, q, k, v, q_norm, k_norm, o, post_norm, gate, up, down;
     Weight q_bias, k_bias, v_bias, o_bias;  // only with attention_bias

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/run_context.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/run_context.h"
 #include "io/model_folder.h"
 #include "io/npy.h"
 #include "io/png_writer.h"
@@ -102,11 +103,12 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
                                                                     (model.root() / "scheduler").string()));
   KLEIN_ASSIGN_OR_RETURN(auto schedule, make_klein_schedule(sched_cfg, steps, th * tw));
 
-  ThreadPool pool(opt.threads);
+  CpuBackend backend(CpuBackendOptions{opt.threads});
+  Backend& be = backend;
   Dumper dumper(opt.dump_dir, opt.dump_filter);
   KLEIN_RETURN_IF_ERROR(dumper.status());
   RunContext ctx;
-  ctx.pool = &pool;
+  ctx.backend = &backend;
   ctx.dumper = opt.dump_dir.empty() ? nullptr : &dumper;
   ctx.progress = opt.on_progress;
   ctx.should_cancel = opt.should_cancel;
@@ -141,18 +143,18 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
     const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt.embeds.dim(1)));
     const int64_t N = th * tw, S_ref = ref_tokens.tokens.empty() ? 0 : ref_tokens.tokens.dim(0);
     latents = pack_latents(noise);  // [N, 128]
-    Tensor model_in({N + S_ref, 128});
-    if (S_ref) std::memcpy(model_in.data() + N * 128, ref_tokens.tokens.data(), S_ref * 128 * sizeof(float));
+    KLEIN_ASSIGN_OR_RETURN(Tensor model_in, be.alloc({N + S_ref, 128}, "the transformer input"));
+    if (S_ref) KLEIN_RETURN_IF_ERROR(be.copy(ref_tokens.tokens, model_in.view().row_range(N, N + S_ref)));
     ctx.report("denoise", 0, steps);
     for (int i = 0; i < steps; ++i) {
       KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
       const float t = schedule.timesteps[i];
-      std::memcpy(model_in.data(), latents.data(), N * 128 * sizeof(float));
+      KLEIN_RETURN_IF_ERROR(be.copy(latents, model_in.view().row_range(0, N)));
       KLEIN_ASSIGN_OR_RETURN(Tensor v, dit.forward(model_in, prompt.embeds, t / 1000.0f, img_ids, txt_ids, ctx));
       v.reshape({v.numel() / 128, 128});
       if (S_ref) {  // keep only the noise tokens' prediction
-        Tensor vn({N, 128});
-        std::memcpy(vn.data(), v.data(), N * 128 * sizeof(float));
+        KLEIN_ASSIGN_OR_RETURN(Tensor vn, be.alloc({N, 128}, "the velocity"));
+        KLEIN_RETURN_IF_ERROR(be.copy(v.view().row_range(0, N), vn));
         v = std::move(vn);
       }
       KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
+#include "backend/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_folder.h"

@@ -42,7 +42,7 @@ Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector
     std::memcpy(r.tokens.data() + off * C, t.data(), t.numel() * sizeof(float));
     off += t.dim(0);
   }
-  ctx.dump("ref_latents", r.tokens.data(), {1, total, C});
+  ctx.dump("ref_latents", r.tokens, {1, total, C});
   return r;
 }
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "core/run_context.h"
+#include "backend/run_context.h"
 #include "core/tensor.h"
 #include "models/flux2_dit.h"
 #include "models/flux2_vae.h"

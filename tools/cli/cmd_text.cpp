@@ -6,7 +6,7 @@
 
 #include "commands.h"
 #include "common.h"
-#include "core/thread_pool.h"
+#include "backend/cpu/cpu_backend.h"
 #include "io/model_folder.h"
 #include "io/npy.h"
 #include "pipeline/prompt_encoder.h"
@@ -85,12 +85,12 @@ Command make_encode_command() {
   c.run = [o]() -> int {
     auto model = ModelFolder::open(o->model);
     if (!model.ok()) return fail(model.status());
-    ThreadPool pool(o->threads);
+    CpuBackend pool(CpuBackendOptions{o->threads});
     Dumper dumper(o->dump, o->dump_filter);
     if (!dumper.status().ok()) return fail(dumper.status());
     Progress progress(o->quiet);
     RunContext ctx;
-    ctx.pool = &pool;
+    ctx.backend = &pool;
     ctx.dumper = o->dump.empty() ? nullptr : &dumper;
     ctx.progress = progress.callback();
     auto enc = encode_prompt(*model, o->prompt, ctx, o->max_length);

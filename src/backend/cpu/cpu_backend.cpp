@@ -1,0 +1,397 @@
+// CPU backend: view checks, then the selected kernels (GEMM, attention, conv) or the portable
+// element-wise loops of kernels/ops.h, parallelised over rows on the backend's pool.
+#include "backend/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
+
+namespace klein {
+namespace {
+
+constexpr int64_t kRowGrain = 4;  // rows per parallel_for chunk lower bound for row ops
+
+Status bad(const std::string& op, const std::string& what) {
+  return internal_error("cpu backend: " + op + ": " + what);
+}
+
+// A float32 host matrix view, or why not.
+Status check_mat(const std::string& op, const char* arg, const TensorView& v) {
+  if (v.empty() && v.numel() != 0) return bad(op, std::string(arg) + " is null");
+  if (v.dtype != DType::kF32) return bad(op, std::string(arg) + " is not float32");
+  if (v.device != Device::kCpu) return bad(op, std::string(arg) + " is not in host memory");
+  if (!v.matrix_ok()) return bad(op, std::string(arg) + " is not a row-strided matrix");
+  return Status::Ok();
+}
+
+Status check_same(const std::string& op, const TensorView& a, const TensorView& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols())
+    return bad(op, "operand shapes " + shape_str(a.shape_vec()) + " and " + shape_str(b.shape_vec()) + " differ");
+  return Status::Ok();
+}
+
+Status check_vec(const std::string& op, const char* arg, const TensorView& v, int64_t n) {
+  KLEIN_RETURN_IF_ERROR(check_mat(op, arg, v));
+  if (v.numel() != n || !v.is_contiguous())
+    return bad(op, std::string(arg) + " must be a contiguous vector of " + std::to_string(n));
+  return Status::Ok();
+}
+
+// Runs `fn` and turns an exception from a kernel's argument check into a Status.
+template <class F>
+Status guarded(const char* op, F&& fn) {
+  try {
+    fn();
+    return Status::Ok();
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kOutOfMemory, std::string("out of memory in ") + op);
+  } catch (const std::exception& e) {
+    return bad(op, e.what());
+  }
+}
+
+}  // namespace
+
+int64_t conv_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, bool upsample2x) {
+  return kernels::conv2d_out_size(in, k, stride, pad_a, pad_b, upsample2x);
+}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& o)
+    : pool_(o.threads), kernels_(kernels::KernelSet::select(CpuFeatures::host(), o.max_isa)) {}
+
+std::string CpuBackend::describe() const {
+  return "cpu, " + std::to_string(pool_.size()) + " threads\n" + kernels_.describe();
+}
+
+// ---- memory
+
+Result<Tensor> CpuBackend::alloc(const Shape& shape, const std::string& what) {
+  return Tensor::alloc(shape, what);
+}
+
+Result<Tensor> CpuBackend::upload(const float* host, const Shape& shape, const std::string& what) {
+  KLEIN_ASSIGN_OR_RETURN(Tensor t, Tensor::alloc(shape, what));
+  if (t.numel()) std::memcpy(t.data(), host, t.numel() * sizeof(float));
+  return t;
+}
+
+Result<Tensor> CpuBackend::download(const TensorView& x) {
+  KLEIN_RETURN_IF_ERROR(check_mat("download", "x", x));
+  KLEIN_ASSIGN_OR_RETURN(Tensor t, Tensor::alloc(x.shape_vec(), "a downloaded tensor"));
+  KLEIN_RETURN_IF_ERROR(copy(x, t.view()));
+  return t;
+}
+
+Status CpuBackend::prepare_weight(Weight& w) {
+  if (w.device != Device::kCpu) return bad("prepare_weight", "weight '" + w.name + "' is not in host memory");
+  return Status::Ok();  // the CPU kernels read every stored format directly
+}
+
+// ---- dense algebra
+
+Status CpuBackend::linear(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& y) {
+  KLEIN_RETURN_IF_ERROR(check_mat("linear", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("linear", "y", y));
+  if (y.rows() != x.rows() || y.cols() != W.rows())
+    return bad("linear", W.name + ": y is " + shape_str(y.shape_vec()) + ", expected [" + std::to_string(x.rows()) +
+                             ", " + std::to_string(W.rows()) + "]");
+  return guarded("linear", [&] {
+    kernels::run_linear(kernels_, x.f32(), x.rows(), x.cols(), W, bias, y.f32(), pool_, x.ld(), y.ld());
+  });
+}
+
+Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             int heads, int kv_heads, float scale, const AttnMask& mask) {
+  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+    KLEIN_RETURN_IF_ERROR(check_mat("attention", n, *t));
+  if (heads <= 0 || kv_heads <= 0 || q.cols() % heads != 0) return bad("attention", "bad head count");
+  const int64_t D = q.cols() / heads;
+  if (k.cols() != kv_heads * D || v.cols() != kv_heads * D || out.cols() != q.cols() || out.rows() != q.rows() ||
+      k.rows() != v.rows())
+    return bad("attention", "q/k/v/out shapes disagree");
+  return guarded("attention", [&] {
+    kernels::run_attention(kernels_, q.f32(), k.f32(), v.f32(), out.f32(), q.rows(), k.rows(), heads, kv_heads,
+                           static_cast<int>(D), scale, mask, pool_, q.ld(), k.ld(), v.ld(), out.ld());
+  });
+}
+
+Status CpuBackend::conv2d(const TensorView& in, const Weight& w, const Weight* bias, const TensorView& out,
+                          const ConvOptions& o) {
+  if (in.ndim != 4 || out.ndim != 4 || !in.is_contiguous() || !out.is_contiguous() || in.dtype != DType::kF32 ||
+      out.dtype != DType::kF32 || in.device != Device::kCpu || out.device != Device::kCpu)
+    return bad("conv2d", w.name + ": in/out must be contiguous float32 host [N, C, H, W]");
+  if (w.shape.size() != 4) return bad("conv2d", w.name + " is not 4-D");
+  kernels::Conv2dParams p;
+  p.stride = o.stride;
+  p.pad_top = o.pad_top, p.pad_bottom = o.pad_bottom, p.pad_left = o.pad_left, p.pad_right = o.pad_right;
+  p.upsample2x = o.upsample2x;
+  p.in_scale = o.in_scale.empty() ? nullptr : o.in_scale.f32();
+  p.in_shift = o.in_shift.empty() ? nullptr : o.in_shift.f32();
+  p.in_silu = o.in_silu;
+  p.accumulate = o.accumulate;
+  const int64_t OH = conv_out_size(in.dim(2), w.shape[2], p.stride, p.pad_top, p.pad_bottom, p.upsample2x);
+  const int64_t OW = conv_out_size(in.dim(3), w.shape[3], p.stride, p.pad_left, p.pad_right, p.upsample2x);
+  if (out.dim(0) != in.dim(0) || out.dim(1) != w.shape[0] || out.dim(2) != OH || out.dim(3) != OW)
+    return bad("conv2d", w.name + ": output is " + shape_str(out.shape_vec()) + ", expected [" +
+                             std::to_string(in.dim(0)) + ", " + std::to_string(w.shape[0]) + ", " +
+                             std::to_string(OH) + ", " + std::to_string(OW) + "]");
+  return guarded("conv2d", [&] {
+    kernels::run_conv2d(kernels_, in.f32(), in.dim(0), in.dim(1), in.dim(2), in.dim(3), w, bias, out.f32(), p,
+                        pool_);
+  });
+}
+
+// ---- normalisation
+
+Status CpuBackend::rms_norm(const TensorView& x, const TensorView& y, const TensorView& w, float eps) {
+  KLEIN_RETURN_IF_ERROR(check_mat("rms_norm", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("rms_norm", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_same("rms_norm", x, y));
+  if (!w.empty()) KLEIN_RETURN_IF_ERROR(check_vec("rms_norm", "w", w, x.cols()));
+  if (x.ld() != y.ld()) return bad("rms_norm", "x and y strides differ");
+  ops::rms_norm(x.f32(), y.f32(), w.empty() ? nullptr : w.f32(), x.rows(), x.cols(), eps, &pool_, x.ld());
+  return Status::Ok();
+}
+
+Status CpuBackend::layer_norm(const TensorView& x, const TensorView& y, const TensorView& w, const TensorView& b,
+                              float eps) {
+  KLEIN_RETURN_IF_ERROR(check_mat("layer_norm", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("layer_norm", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_same("layer_norm", x, y));
+  if (!w.empty()) KLEIN_RETURN_IF_ERROR(check_vec("layer_norm", "w", w, x.cols()));
+  if (!b.empty()) KLEIN_RETURN_IF_ERROR(check_vec("layer_norm", "b", b, x.cols()));
+  if (x.ld() != x.cols() || y.ld() != y.cols()) return bad("layer_norm", "rows must be contiguous");
+  ops::layer_norm(x.f32(), y.f32(), w.empty() ? nullptr : w.f32(), b.empty() ? nullptr : b.f32(), x.rows(),
+                  x.cols(), eps, &pool_);
+  return Status::Ok();
+}
+
+Status CpuBackend::modulated_layer_norm(const TensorView& x, const TensorView& y, const TensorView& onep,
+                                        const TensorView& shift, float eps) {
+  KLEIN_RETURN_IF_ERROR(check_mat("modulated_layer_norm", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("modulated_layer_norm", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_same("modulated_layer_norm", x, y));
+  KLEIN_RETURN_IF_ERROR(check_vec("modulated_layer_norm", "onep", onep, x.cols()));
+  KLEIN_RETURN_IF_ERROR(check_vec("modulated_layer_norm", "shift", shift, x.cols()));
+  const int64_t D = x.cols(), ldx = x.ld(), ldy = y.ld();
+  const float *xs = x.f32(), *op = onep.f32(), *sh = shift.f32();
+  float* ys = y.f32();
+  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) ops::modulated_layer_norm_row(xs + r * ldx, ys + r * ldy, D, eps, op, sh);
+  }, kRowGrain);
+  return Status::Ok();
+}
+
+Status CpuBackend::group_norm_affine(const TensorView& x, const Weight& gamma, const Weight& beta, int64_t groups,
+                                     double eps, const TensorView& scale, const TensorView& shift) {
+  if (x.ndim != 4 || x.dim(0) != 1 || !x.is_contiguous() || x.dtype != DType::kF32 || x.device != Device::kCpu)
+    return bad("group_norm_affine", "x must be a contiguous float32 host [1, C, H, W]");
+  const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
+  if (groups <= 0 || C % groups != 0) return bad("group_norm_affine", "channels not divisible by groups");
+  if (gamma.numel() != C || beta.numel() != C) return bad("group_norm_affine", gamma.name + ": wrong size");
+  KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine", "scale", scale, C));
+  KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine", "shift", shift, C));
+  const std::vector<float> g = weight_to_vector(gamma), b = weight_to_vector(beta);
+  const int64_t cpg = C / groups;
+  const float* xs = x.f32();
+  float *sc = scale.f32(), *sh = shift.f32();
+  pool_.parallel_for(groups, [&](int64_t gb, int64_t ge) {
+    for (int64_t gi = gb; gi < ge; ++gi)
+      ops::group_norm_affine_group(xs + gi * cpg * HW, cpg, HW, eps, g.data() + gi * cpg, b.data() + gi * cpg,
+                                   sc + gi * cpg, sh + gi * cpg);
+  });
+  return Status::Ok();
+}
+
+// ---- position encodings
+
+Status CpuBackend::rope_half(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) {
+  KLEIN_RETURN_IF_ERROR(check_mat("rope_half", "x", x));
+  if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0) return bad("rope_half", "bad head dim");
+  const int64_t D = x.cols() / heads;
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "cos", cos, x.rows() * (D / 2)));
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "sin", sin, x.rows() * (D / 2)));
+  ops::rope_half(x.f32(), x.rows(), heads, D, x.ld(), cos.f32(), sin.f32());
+  return Status::Ok();
+}
+
+Status CpuBackend::rope_interleaved(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) {
+  KLEIN_RETURN_IF_ERROR(check_mat("rope_interleaved", "x", x));
+  if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0)
+    return bad("rope_interleaved", "bad head dim");
+  const int64_t D = x.cols() / heads, ld = x.ld();
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_interleaved", "cos", cos, x.rows() * D));
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_interleaved", "sin", sin, x.rows() * D));
+  float* xs = x.f32();
+  const float *c = cos.f32(), *s = sin.f32();
+  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int h = 0; h < heads; ++h) ops::rope_interleaved_head(xs + r * ld + h * D, D, c + r * D, s + r * D);
+  }, kRowGrain);
+  return Status::Ok();
+}
+
+Status CpuBackend::qk_norm_rope(const TensorView& x, int heads, const TensorView& w, float eps, const TensorView& cos,
+                                const TensorView& sin) {
+  KLEIN_RETURN_IF_ERROR(check_mat("qk_norm_rope", "x", x));
+  if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0) return bad("qk_norm_rope", "bad head dim");
+  const int64_t D = x.cols() / heads, ld = x.ld();
+  KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "w", w, D));
+  KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "cos", cos, x.rows() * D));
+  KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "sin", sin, x.rows() * D));
+  float* xs = x.f32();
+  const float *wt = w.f32(), *c = cos.f32(), *s = sin.f32();
+  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int h = 0; h < heads; ++h) {
+        float* v = xs + r * ld + h * D;
+        ops::rms_norm_head(v, D, wt, eps);
+        ops::rope_interleaved_head(v, D, c + r * D, s + r * D);
+      }
+  }, kRowGrain);
+  return Status::Ok();
+}
+
+// ---- element-wise
+
+Status CpuBackend::swiglu(const TensorView& gate, const TensorView& up, const TensorView& out) {
+  KLEIN_RETURN_IF_ERROR(check_mat("swiglu", "gate", gate));
+  KLEIN_RETURN_IF_ERROR(check_mat("swiglu", "up", up));
+  KLEIN_RETURN_IF_ERROR(check_mat("swiglu", "out", out));
+  KLEIN_RETURN_IF_ERROR(check_same("swiglu", gate, up));
+  KLEIN_RETURN_IF_ERROR(check_same("swiglu", gate, out));
+  const int64_t F = gate.cols();
+  pool_.parallel_for(gate.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      ops::silu_mul(gate.f32() + r * gate.ld(), up.f32() + r * up.ld(), out.f32() + r * out.ld(), F);
+  }, kRowGrain);
+  return Status::Ok();
+}
+
+Status CpuBackend::gated_add(const TensorView& h, const TensorView& o, const TensorView& gate) {
+  KLEIN_RETURN_IF_ERROR(check_mat("gated_add", "h", h));
+  KLEIN_RETURN_IF_ERROR(check_mat("gated_add", "o", o));
+  KLEIN_RETURN_IF_ERROR(check_same("gated_add", h, o));
+  KLEIN_RETURN_IF_ERROR(check_vec("gated_add", "gate", gate, h.cols()));
+  const int64_t D = h.cols();
+  const float* g = gate.f32();
+  pool_.parallel_for(h.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* hr = h.f32() + r * h.ld();
+      const float* orow = o.f32() + r * o.ld();
+      for (int64_t i = 0; i < D; ++i) hr[i] += g[i] * orow[i];
+    }
+  }, kRowGrain);
+  return Status::Ok();
+}
+
+Status CpuBackend::add(const TensorView& y, const TensorView& x) {
+  KLEIN_RETURN_IF_ERROR(check_mat("add", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_mat("add", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_same("add", y, x));
+  const int64_t n = y.cols();
+  for (int64_t r = 0; r < y.rows(); ++r) {
+    float* yr = y.f32() + r * y.ld();
+    const float* xr = x.f32() + r * x.ld();
+    for (int64_t i = 0; i < n; ++i) yr[i] += xr[i];
+  }
+  return Status::Ok();
+}
+
+Status CpuBackend::add_scalar(const TensorView& x, float c, const TensorView& y) {
+  KLEIN_RETURN_IF_ERROR(check_mat("add_scalar", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("add_scalar", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_same("add_scalar", x, y));
+  for (int64_t r = 0; r < x.rows(); ++r)
+    for (int64_t i = 0; i < x.cols(); ++i) y.f32()[r * y.ld() + i] = c + x.f32()[r * x.ld() + i];
+  return Status::Ok();
+}
+
+Status CpuBackend::silu(const TensorView& x) {
+  KLEIN_RETURN_IF_ERROR(check_mat("silu", "x", x));
+  for (int64_t r = 0; r < x.rows(); ++r) ops::silu(x.f32() + r * x.ld(), x.cols());
+  return Status::Ok();
+}
+
+Status CpuBackend::scale_shift(const TensorView& x, const TensorView& y, const TensorView& scale,
+                               const TensorView& shift, bool per_row) {
+  KLEIN_RETURN_IF_ERROR(check_mat("scale_shift", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("scale_shift", "y", y));
+  KLEIN_RETURN_IF_ERROR(check_same("scale_shift", x, y));
+  const int64_t n = per_row ? x.rows() : x.cols();
+  KLEIN_RETURN_IF_ERROR(check_vec("scale_shift", "scale", scale, n));
+  KLEIN_RETURN_IF_ERROR(check_vec("scale_shift", "shift", shift, n));
+  const float *sc = scale.f32(), *sh = shift.f32();
+  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x.f32() + r * x.ld();
+      float* yr = y.f32() + r * y.ld();
+      if (per_row)
+        for (int64_t i = 0; i < x.cols(); ++i) yr[i] = xr[i] * sc[r] + sh[r];
+      else
+        for (int64_t i = 0; i < x.cols(); ++i) yr[i] = xr[i] * sc[i] + sh[i];
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- data movement
+
+Status CpuBackend::copy(const TensorView& src, const TensorView& dst) {
+  KLEIN_RETURN_IF_ERROR(check_mat("copy", "src", src));
+  KLEIN_RETURN_IF_ERROR(check_mat("copy", "dst", dst));
+  KLEIN_RETURN_IF_ERROR(check_same("copy", src, dst));
+  const size_t row = static_cast<size_t>(src.cols()) * sizeof(float);
+  if (src.ld() == src.cols() && dst.ld() == dst.cols()) {
+    if (src.data != dst.data) std::memmove(dst.data, src.data, row * src.rows());
+    return Status::Ok();
+  }
+  for (int64_t r = 0; r < src.rows(); ++r) std::memmove(dst.f32() + r * dst.ld(), src.f32() + r * src.ld(), row);
+  return Status::Ok();
+}
+
+Status CpuBackend::transpose(const TensorView& src, const TensorView& dst, bool accumulate) {
+  KLEIN_RETURN_IF_ERROR(check_mat("transpose", "src", src));
+  KLEIN_RETURN_IF_ERROR(check_mat("transpose", "dst", dst));
+  const int64_t R = src.rows(), C = src.cols();
+  if (dst.rows() != C || dst.cols() != R) return bad("transpose", "dst shape is not src's transpose");
+  constexpr int64_t kT = 32;  // tile: both sides stay in cache lines
+  const float* s = src.f32();
+  float* d = dst.f32();
+  const int64_t lds = src.ld(), ldd = dst.ld();
+  // Parallel over destination row tiles, so no two threads write the same row.
+  pool_.parallel_for((C + kT - 1) / kT, [&](int64_t b, int64_t e) {
+    for (int64_t cb = b * kT; cb < std::min(C, e * kT); cb += kT)
+      for (int64_t r0 = 0; r0 < R; r0 += kT)
+        for (int64_t c = cb; c < std::min(C, cb + kT); ++c)
+          for (int64_t r = r0; r < std::min(R, r0 + kT); ++r) {
+            if (accumulate) d[c * ldd + r] += s[r * lds + c];
+            else d[c * ldd + r] = s[r * lds + c];
+          }
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::gather_rows(const Weight& table, const std::vector<int32_t>& ids, const TensorView& out) {
+  KLEIN_RETURN_IF_ERROR(check_mat("gather_rows", "out", out));
+  if (out.rows() != static_cast<int64_t>(ids.size()) || out.cols() != table.cols())
+    return bad("gather_rows", table.name + ": output shape mismatch");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= table.rows()) return bad("gather_rows", table.name + ": id out of range");
+    weight_row_to_f32(table, ids[i], out.f32() + static_cast<int64_t>(i) * out.ld());
+  }
+  return Status::Ok();
+}
+
+Result<bool> CpuBackend::all_finite(const TensorView& x) {
+  KLEIN_RETURN_IF_ERROR(check_mat("all_finite", "x", x));
+  for (int64_t r = 0; r < x.rows(); ++r)
+    if (!klein::all_finite(x.f32() + r * x.ld(), x.cols())) return false;
+  return true;
+}
+
+}  // namespace klein
