@@ -1,0 +1,373 @@
+// The Backend contract: every named op of backend/backend.h against a plain double-precision
+// formula written here, through the backend's own alloc/upload/download, with strided views
+// where the models use them. Parameterised over backends — today the CPU backend at every ISA
+// this machine has; a GPU backend adds itself to all_backends() and inherits the suite.
+//
+// Tolerance: the ops accumulate statistics in double and the rest in float, so results agree with
+// the double formula to a few float ulps: max|got − want| ≤ 2e-6 · max(1, max|want|), looser (1e-5)
+// for the reductions over K (linear, attention, conv).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/cpu_features.h"
+
+namespace klein {
+namespace {
+
+struct BackendCase {
+  std::string name;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+std::vector<BackendCase> all_backends() {
+  std::vector<BackendCase> r;
+  for (Isa isa : CpuFeatures::host().isas())
+    r.push_back({"cpu_" + std::string(isa_name(isa)), [isa] {
+                   return std::unique_ptr<Backend>(new CpuBackend(CpuBackendOptions{2, isa}));
+                 }});
+  return r;
+}
+
+std::vector<float> randv(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 1.0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+class BackendOps : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  void SetUp() override { be = GetParam().make(); }
+
+  Tensor up(const std::vector<float>& v, const Shape& s) {
+    auto t = be->upload(v.data(), s, "test input");
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return std::move(t).value();
+  }
+  std::vector<float> down(const TensorView& x) {
+    auto t = be->download(x);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return std::vector<float>(t->data(), t->data() + t->numel());
+  }
+  void expect_near(const std::vector<float>& got, const std::vector<double>& want, double tol, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    const double bound = tol * max_abs(want);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], bound) << what << " at " << i << " on " << GetParam().name;
+  }
+
+  std::unique_ptr<Backend> be;
+};
+
+Weight f32_weight(const std::vector<float>& v, const Shape& s, const char* name = "w") {
+  Weight w;
+  w.name = name;
+  w.dtype = DType::kF32;
+  w.shape = s;
+  w.data = v.data();
+  w.nbytes = v.size() * sizeof(float);
+  return w;
+}
+
+TEST_P(BackendOps, LinearOnStridedViews) {
+  const int64_t M = 7, K = 37, N = 21, ldx = 45, ldy = 30;
+  const auto xs = randv(M * ldx, 1), ws = randv(N * K, 2), bs = randv(N, 3);
+  const Weight W = f32_weight(ws, {N, K}), B = f32_weight(bs, {N});
+  Tensor x = up(xs, {M, ldx});
+  Tensor y = up(std::vector<float>(M * ldy, 7.0f), {M, ldy});
+  ASSERT_TRUE(be->linear(x.view().col_range(3, 3 + K), W, &B, y.view().col_range(2, 2 + N)).ok());
+  const auto got = down(y);
+  std::vector<double> want(M * ldy, 7.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bs[n];
+      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(xs[m * ldx + 3 + k]) * ws[n * K + k];
+      want[m * ldy + 2 + n] = s;
+    }
+  expect_near(got, want, 1e-5, "linear");  // columns outside the view stay 7
+}
+
+TEST_P(BackendOps, AttentionCausalMaskedGqa) {
+  const int64_t S = 9, D = 8;
+  const int Hq = 4, Hkv = 2;
+  const auto qs = randv(S * Hq * D, 4), ks = randv(S * Hkv * D, 5), vs = randv(S * Hkv * D, 6);
+  std::vector<uint8_t> valid(S, 1);
+  valid[2] = 0;
+  Tensor q = up(qs, {S, Hq * D}), k = up(ks, {S, Hkv * D}), v = up(vs, {S, Hkv * D});
+  auto out = be->alloc({S, Hq * D}, "out");
+  ASSERT_TRUE(out.ok());
+  const float scale = 0.3f;
+  ASSERT_TRUE(be->attention(q, k, v, *out, Hq, Hkv, scale, AttnMask{true, valid.data()}).ok());
+  std::vector<double> want(S * Hq * D, 0.0);
+  for (int h = 0; h < Hq; ++h) {
+    const int g = h / (Hq / Hkv);
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<double> p(S, 0.0);
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        if (!valid[j]) continue;
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d) s += static_cast<double>(qs[(i * Hq + h) * D + d]) * ks[(j * Hkv + g) * D + d];
+        p[j] = s * scale;
+        mx = std::max(mx, p[j]);
+      }
+      for (int64_t j = 0; j <= i; ++j)
+        if (valid[j]) sum += (p[j] = std::exp(p[j] - mx));
+      for (int64_t j = 0; j <= i; ++j)
+        if (valid[j])
+          for (int64_t d = 0; d < D; ++d) want[(i * Hq + h) * D + d] += p[j] / sum * vs[(j * Hkv + g) * D + d];
+    }
+  }
+  expect_near(down(*out), want, 1e-5, "attention");
+}
+
+TEST_P(BackendOps, Conv2dWithPrologueUpsampleAndAccumulate) {
+  const int64_t C = 3, H = 5, W = 4, Co = 2;
+  const auto xs = randv(C * H * W, 7), ws = randv(Co * C * 9, 8), bs = randv(Co, 9);
+  const auto sc = randv(C, 10, 0.5f, 1.5f), sh = randv(C, 11);
+  const Weight Wt = f32_weight(ws, {Co, C, 3, 3}), B = f32_weight(bs, {Co});
+  ConvOptions o = ConvOptions::same(3);
+  o.upsample2x = true;
+  o.in_silu = true;
+  o.accumulate = true;
+  Tensor x = up(xs, {1, C, H, W}), scale = up(sc, {C}), shift = up(sh, {C});
+  o.in_scale = scale;
+  o.in_shift = shift;
+  const auto init = randv(Co * 2 * H * 2 * W, 12);
+  Tensor y = up(init, {1, Co, 2 * H, 2 * W});
+  ASSERT_TRUE(be->conv2d(x, Wt, &B, y, o).ok());
+  std::vector<double> want(init.begin(), init.end());
+  auto in_at = [&](int64_t c, int64_t yy, int64_t xx) -> double {  // upsampled, prologue, zero pad
+    if (yy < 0 || xx < 0 || yy >= 2 * H || xx >= 2 * W) return 0.0;
+    const double v = sc[c] * static_cast<double>(xs[(c * H + yy / 2) * W + xx / 2]) + sh[c];
+    return v / (1.0 + std::exp(-v));
+  };
+  for (int64_t co = 0; co < Co; ++co)
+    for (int64_t yy = 0; yy < 2 * H; ++yy)
+      for (int64_t xx = 0; xx < 2 * W; ++xx) {
+        double s = bs[co];
+        for (int64_t c = 0; c < C; ++c)
+          for (int ky = 0; ky < 3; ++ky)
+            for (int kx = 0; kx < 3; ++kx) s += ws[((co * C + c) * 3 + ky) * 3 + kx] * in_at(c, yy + ky - 1, xx + kx - 1);
+        want[(co * 2 * H + yy) * 2 * W + xx] += s;
+      }
+  expect_near(down(y), want, 1e-5, "conv2d");
+}
+
+TEST_P(BackendOps, Norms) {
+  const int64_t R = 5, C = 24;
+  const auto xs = randv(R * C, 13, -3.0f, 3.0f), ws = randv(C, 14), bs = randv(C, 15);
+  Tensor x = up(xs, {R, C}), w = up(ws, {C}), b = up(bs, {C});
+  auto stats = [&](int64_t r, double* mean, double* var, double* ms) {
+    double s = 0, ss = 0, q = 0;
+    for (int64_t i = 0; i < C; ++i) s += xs[r * C + i], q += static_cast<double>(xs[r * C + i]) * xs[r * C + i];
+    *mean = s / C;
+    for (int64_t i = 0; i < C; ++i) ss += (xs[r * C + i] - *mean) * (xs[r * C + i] - *mean);
+    *var = ss / C;
+    *ms = q / C;
+  };
+  const float eps = 1e-5f;
+  Tensor y = std::move(be->alloc({R, C}, "y")).value();
+  std::vector<double> rms(R * C), ln(R * C), mod(R * C);
+  for (int64_t r = 0; r < R; ++r) {
+    double mean, var, ms;
+    stats(r, &mean, &var, &ms);
+    for (int64_t i = 0; i < C; ++i) {
+      rms[r * C + i] = xs[r * C + i] / std::sqrt(ms + eps) * ws[i];
+      const double n = (xs[r * C + i] - mean) / std::sqrt(var + eps);
+      ln[r * C + i] = n * ws[i] + bs[i];
+      mod[r * C + i] = n * ws[i] + bs[i];  // onep = w, shift = b
+    }
+  }
+  ASSERT_TRUE(be->rms_norm(x, y, w, eps).ok());
+  expect_near(down(y), rms, 2e-6, "rms_norm");
+  ASSERT_TRUE(be->layer_norm(x, y, w, b, eps).ok());
+  expect_near(down(y), ln, 2e-6, "layer_norm");
+  ASSERT_TRUE(be->modulated_layer_norm(x, y, w, b, eps).ok());
+  expect_near(down(y), mod, 2e-6, "modulated_layer_norm");
+}
+
+TEST_P(BackendOps, GroupNormAffine) {
+  const int64_t C = 6, HW = 10, G = 3;
+  const auto xs = randv(C * HW, 16, -2.0f, 4.0f), gs = randv(C, 17), bs = randv(C, 18);
+  Tensor x = up(xs, {1, C, 2, 5}), scale = std::move(be->alloc({C}, "s")).value(),
+         shift = std::move(be->alloc({C}, "s")).value();
+  ASSERT_TRUE(be->group_norm_affine(x, f32_weight(gs, {C}), f32_weight(bs, {C}), G, 1e-6, scale, shift).ok());
+  std::vector<double> want_s(C), want_b(C);
+  for (int64_t g = 0; g < G; ++g) {
+    double s = 0, ss = 0;
+    const int64_t n = C / G * HW;
+    for (int64_t i = 0; i < n; ++i) s += xs[g * n + i];
+    const double mean = s / n;
+    for (int64_t i = 0; i < n; ++i) ss += (xs[g * n + i] - mean) * (xs[g * n + i] - mean);
+    const double rstd = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (int64_t c = g * C / G; c < (g + 1) * C / G; ++c) {
+      want_s[c] = gs[c] * rstd;
+      want_b[c] = bs[c] - mean * want_s[c];
+    }
+  }
+  expect_near(down(scale), want_s, 2e-6, "group_norm scale");
+  expect_near(down(shift), want_b, 2e-6, "group_norm shift");
+}
+
+TEST_P(BackendOps, RopeHalfInterleavedAndQkNorm) {
+  const int64_t L = 3, D = 8;
+  const int H = 2;
+  const auto xs = randv(L * H * D, 19), half_c = randv(L * D / 2, 20), half_s = randv(L * D / 2, 21);
+  const auto full_c = randv(L * D, 22), full_s = randv(L * D, 23), nw = randv(D, 24);
+  {
+    Tensor x = up(xs, {L, H * D}), c = up(half_c, {L, D / 2}), s = up(half_s, {L, D / 2});
+    ASSERT_TRUE(be->rope_half(x, H, c, s).ok());
+    std::vector<double> want(xs.begin(), xs.end());
+    for (int64_t l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D / 2; ++d) {
+          const double a = xs[(l * H + h) * D + d], b = xs[(l * H + h) * D + d + D / 2];
+          const double cc = half_c[l * D / 2 + d], ss = half_s[l * D / 2 + d];
+          want[(l * H + h) * D + d] = a * cc - b * ss;
+          want[(l * H + h) * D + d + D / 2] = b * cc + a * ss;
+        }
+    expect_near(down(x), want, 2e-6, "rope_half");
+  }
+  auto interleaved = [&](std::vector<double> v) {
+    for (int64_t l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int64_t j = 0; j < D; j += 2) {
+          double* p = &v[(l * H + h) * D + j];
+          const double a = p[0], b = p[1];
+          p[0] = a * full_c[l * D + j] - b * full_s[l * D + j];
+          p[1] = b * full_c[l * D + j + 1] + a * full_s[l * D + j + 1];
+        }
+    return v;
+  };
+  Tensor c = up(full_c, {L, D}), s = up(full_s, {L, D});
+  {
+    Tensor x = up(xs, {L, H * D});
+    ASSERT_TRUE(be->rope_interleaved(x, H, c, s).ok());
+    expect_near(down(x), interleaved(std::vector<double>(xs.begin(), xs.end())), 2e-6, "rope_interleaved");
+  }
+  {
+    Tensor x = up(xs, {L, H * D}), w = up(nw, {D});
+    ASSERT_TRUE(be->qk_norm_rope(x, H, w, 1e-6f, c, s).ok());
+    std::vector<double> n(xs.size());
+    for (int64_t r = 0; r < L * H; ++r) {
+      double q = 0;
+      for (int64_t d = 0; d < D; ++d) q += static_cast<double>(xs[r * D + d]) * xs[r * D + d];
+      for (int64_t d = 0; d < D; ++d) n[r * D + d] = xs[r * D + d] / std::sqrt(q / D + 1e-6) * nw[d];
+    }
+    expect_near(down(x), interleaved(n), 2e-6, "qk_norm_rope");
+  }
+}
+
+TEST_P(BackendOps, ElementWise) {
+  const int64_t R = 4, C = 10;
+  const auto as = randv(R * 2 * C, 25, -4.0f, 4.0f), bs = randv(R * C, 26), gs = randv(C, 27), rs = randv(R, 28);
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  {  // swiglu on the two halves of one [R, 2C] projection
+    Tensor a = up(as, {R, 2 * C});
+    Tensor out = std::move(be->alloc({R, C}, "o")).value();
+    ASSERT_TRUE(be->swiglu(a.view().col_range(0, C), a.view().col_range(C, 2 * C), out).ok());
+    std::vector<double> want(R * C);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < C; ++i) want[r * C + i] = silu(as[r * 2 * C + i]) * as[r * 2 * C + C + i];
+    expect_near(down(out), want, 2e-6, "swiglu");
+  }
+  {  // gated_add, add, add_scalar, silu, scale_shift (both axes)
+    Tensor h = up(bs, {R, C}), o = up(std::vector<float>(as.begin(), as.begin() + R * C), {R, C}), g = up(gs, {C});
+    std::vector<double> want(R * C);
+    for (int64_t i = 0; i < R * C; ++i) want[i] = bs[i] + static_cast<double>(gs[i % C]) * as[i];
+    ASSERT_TRUE(be->gated_add(h, o, g).ok());
+    expect_near(down(h), want, 2e-6, "gated_add");
+    for (int64_t i = 0; i < R * C; ++i) want[i] += as[i];
+    ASSERT_TRUE(be->add(h, o).ok());
+    expect_near(down(h), want, 2e-6, "add");
+    for (auto& v : want) v = 1.0 + v;
+    ASSERT_TRUE(be->add_scalar(h, 1.0f, h).ok());
+    expect_near(down(h), want, 2e-6, "add_scalar");
+    for (auto& v : want) v = silu(v);
+    ASSERT_TRUE(be->silu(h).ok());
+    expect_near(down(h), want, 2e-6, "silu");
+    Tensor sc = up(gs, {C}), sh = up(std::vector<float>(gs.rbegin(), gs.rend()), {C});
+    const auto before = down(h);
+    ASSERT_TRUE(be->scale_shift(h, h, sc, sh, false).ok());
+    for (int64_t i = 0; i < R * C; ++i) want[i] = before[i] * static_cast<double>(gs[i % C]) + gs[C - 1 - i % C];
+    expect_near(down(h), want, 2e-6, "scale_shift columns");
+    Tensor rsc = up(rs, {R}), rsh = up(rs, {R});
+    const auto before2 = down(h);
+    ASSERT_TRUE(be->scale_shift(h, h, rsc, rsh, true).ok());
+    for (int64_t i = 0; i < R * C; ++i) want[i] = before2[i] * static_cast<double>(rs[i / C]) + rs[i / C];
+    expect_near(down(h), want, 2e-6, "scale_shift rows");
+  }
+}
+
+TEST_P(BackendOps, CopyTransposeGatherFinite) {
+  const int64_t R = 5, C = 7;
+  const auto xs = randv(R * C, 29);
+  Tensor x = up(xs, {R, C});
+  Tensor big = up(std::vector<float>(R * 12, 0.0f), {R, 12});
+  ASSERT_TRUE(be->copy(x, big.view().col_range(4, 4 + C)).ok());
+  const auto b = down(big);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < 12; ++c) ASSERT_EQ(b[r * 12 + c], (c >= 4 && c < 4 + C) ? xs[r * C + c - 4] : 0.0f);
+  Tensor t = up(std::vector<float>(C * R, 1.0f), {C, R});
+  ASSERT_TRUE(be->transpose(x, t, /*accumulate=*/true).ok());
+  const auto tt = down(t);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(tt[c * R + r], 1.0f + xs[r * C + c]);
+  // gather_rows from a bf16 table (an embedding lookup).
+  std::vector<uint16_t> table(6 * C);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = f32_to_bf16(xs[i % xs.size()]);
+  Weight tw;
+  tw.name = "embed";
+  tw.dtype = DType::kBF16;
+  tw.shape = {6, C};
+  tw.data = table.data();
+  tw.nbytes = table.size() * 2;
+  Tensor g = std::move(be->alloc({3, C}, "g")).value();
+  ASSERT_TRUE(be->gather_rows(tw, {5, 0, 5}, g).ok());
+  const auto gg = down(g);
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(gg[c], bf16_to_f32(table[5 * C + c]));
+    EXPECT_EQ(gg[C + c], bf16_to_f32(table[c]));
+  }
+  EXPECT_FALSE(be->gather_rows(tw, {6}, g.view().row_range(0, 1)).ok());  // out of range: a status
+  EXPECT_TRUE(*be->all_finite(x));
+  std::vector<float> nan = xs;
+  nan[R * C - 1] = std::nanf("");
+  Tensor xn = up(nan, {R, C});
+  EXPECT_FALSE(*be->all_finite(xn));
+  EXPECT_TRUE(*be->all_finite(xn.view().col_range(0, C - 1)));  // the NaN is outside the view
+}
+
+TEST_P(BackendOps, InconsistentViewsAreStatusesNotCrashes) {
+  const auto xs = randv(12, 30), ws = randv(12, 31);
+  Tensor x = up(xs, {3, 4}), y = up(xs, {4, 3});
+  const Weight W = f32_weight(ws, {3, 4});
+  const Status s = be->linear(x, W, nullptr, y);  // y should be [3, 3]
+  EXPECT_EQ(s.code(), Code::kInternal);
+  EXPECT_NE(s.message().find("linear"), std::string::npos) << s.message();
+  EXPECT_EQ(be->add(x, y).code(), Code::kInternal);
+  EXPECT_EQ(be->rms_norm(x, x, y, 1e-6f).code(), Code::kInternal);  // weight of the wrong size
+  auto huge = be->alloc({int64_t{1} << 40, int64_t{1} << 30}, "an impossible tensor");
+  EXPECT_FALSE(huge.ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOps, ::testing::ValuesIn(all_backends()),
+                         [](const ::testing::TestParamInfo<BackendCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace klein
