@@ -13,6 +13,7 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/format.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/conv2d.h"
@@ -25,13 +26,37 @@ struct OwnedWeight {
   Weight w;
   std::vector<float> f32;
   std::vector<uint16_t> u16;
+  std::vector<uint8_t> u8;
+  std::vector<float> scales, offsets;
 };
 
+// The values in `vals` rounded to the weight format `dt`. The 8-bit and 4-bit formats take
+// payload bytes derived from the values instead (their exact decoded values do not matter: the
+// reference reads the same bytes): F8_E4M3 with the top exponent bit clear (|v| < 2, never NaN),
+// Q8_ROW / Q4_G64 with small random-ish scales (and offsets).
 OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& vals) {
   OwnedWeight o;
   o.w.name = "test.conv.weight";
   o.w.dtype = dt;
   o.w.shape = shape;
+  if (dt == DType::kF8E4M3 || dt == DType::kQ8Row || dt == DType::kQ4G64) {
+    const int64_t rows = o.w.rows(), cols = o.w.cols();
+    o.u8.resize(rows * format_row_bytes(dt, cols));
+    for (size_t i = 0; i < o.u8.size(); ++i) {
+      const auto b = static_cast<uint8_t>(static_cast<int>(vals[i % vals.size()] * 1000.0f + 1000.0f) & 0xff);
+      o.u8[i] = dt == DType::kF8E4M3 ? (b & 0xbf) : b;
+    }
+    o.w.data = o.u8.data();
+    o.w.nbytes = o.u8.size();
+    const int64_t ns = dt == DType::kQ8Row ? rows : rows * cols / 64;
+    for (int64_t i = 0; i < ns; ++i) {
+      o.scales.push_back(0.002f + 0.001f * static_cast<float>(i % 7));
+      o.offsets.push_back(-0.05f + 0.01f * static_cast<float>(i % 11));
+    }
+    o.w.scales = o.scales.data();
+    o.w.offsets = o.offsets.data();
+    return o;
+  }
   if (dt == DType::kF32) {
     o.f32 = vals;
     o.w.data = o.f32.data();
@@ -177,6 +202,24 @@ TEST_P(Conv2d, FastMatchesRef) {
                           << " k=" << c.KH << "x" << c.KW << " s=" << c.stride << " up=" << c.up
                           << " dtype=" << dtype_name(dt) << " threads=" << pool.size();
     }
+}
+
+TEST_P(Conv2d, EveryWeightFormat) {
+  // The quantized formats reach the conv kernels through weight_row_to_f32; Q4_G64 needs a
+  // reduction length Cin·kh·kw that is a multiple of 64.
+  std::mt19937 rng(79);
+  ThreadPool pool(2);
+  //                           N Cin  H   W Cout KH KW s pt pb pl pr   up    pro    silu   acc    bias
+  const ConvCase cs[] = {{1, 64, 9, 11, 12, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true},
+                         {1, 64, 7, 6, 3, 1, 1, 1, 0, 0, 0, 0, false, false, false, true, true},
+                         {1, 128, 5, 9, 5, 3, 3, 2, 0, 1, 0, 1, true, true, false, false, false}};
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    for (const ConvCase& c : cs) {
+      const float e = check_case(set, c, f.id, pool, rng);
+      ASSERT_LE(e, 1e-5f) << "format " << f.name << " Cin=" << c.Cin << " Cout=" << c.Cout << " k=" << c.KH;
+    }
+  }
 }
 
 TEST(Conv2dBlocked, BlockedMatchesRef) {

@@ -31,6 +31,7 @@ struct OwnedWeight {
   std::vector<uint16_t> u16;
   std::vector<int8_t> i8;
   std::vector<float> scales;
+  std::vector<float> offsets;
 };
 
 // [rows, cols] weight of the given dtype with values from `vals` (rounded to that dtype).
@@ -69,6 +70,28 @@ std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, fl
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// [rows, cols] weight of any format the kernels compute with, random O(1) values: through
+// make_weight where it can quantize, else random payload bytes (F8_E4M3 with the top exponent
+// bit clear: |v| < 2, never NaN; Q4_G64 nibbles with random scales and offsets).
+OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  if (dt != DType::kF8E4M3 && dt != DType::kQ4G64) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
+  OwnedWeight o;
+  o.w.name = "test.weight";
+  o.w.dtype = dt;
+  o.w.shape = {rows, cols};
+  o.i8.resize(rows * format_row_bytes(dt, cols));
+  for (auto& b : o.i8) b = static_cast<int8_t>(rng() & (dt == DType::kF8E4M3 ? 0xbf : 0xff));
+  o.w.data = o.i8.data();
+  o.w.nbytes = o.i8.size();
+  if (dt == DType::kQ4G64) {
+    o.scales = random_vec(rows * cols / 64, rng, 0.01f, 0.2f);
+    o.offsets = random_vec(rows * cols / 64, rng);
+    o.w.scales = o.scales.data();
+    o.w.offsets = o.offsets.data();
+  }
+  return o;
 }
 
 // max|a - b| over the valid [rows, cols] part of two row-strided buffers, and max|b|.
@@ -133,7 +156,7 @@ void check_linear(const kernels::KernelSet& set, DType dt, int64_t M, int64_t N,
                   int64_t pad, ThreadPool& pool, std::mt19937& rng) {
   const int64_t ldx = K + pad, ldy = N + 2 * pad;
   const auto x = random_vec(M * ldx, rng);
-  auto W = make_weight(dt, N, K, random_vec(N * K, rng));
+  auto W = random_weight(dt, N, K, rng);
   auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
   std::vector<float> y(M * ldy, 7.0f), yr(M * ldy, 7.0f);  // 7 = sentinel in the row padding
   kernels::run_linear(set, x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, pad ? ldx : 0,
@@ -178,6 +201,16 @@ TEST_P(Kernels, LinearQuantizedFallback) {
   std::mt19937 rng(5);
   ThreadPool pool(2);
   for (int64_t M : {1, 9, 70}) check_linear(set, DType::kQ8Row, M, 50, 128, true, 2, pool, rng);
+}
+
+TEST_P(Kernels, LinearEveryWeightFormat) {
+  std::mt19937 rng(6);
+  ThreadPool pool(2);
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    for (int64_t M : {1, 5, 40})
+      for (int64_t K : {64, 320}) check_linear(set, f.id, M, 37, K, M != 5, M == 40 ? 3 : 0, pool, rng);
+  }
 }
 
 struct AttnCase {
