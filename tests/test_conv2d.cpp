@@ -1,6 +1,7 @@
-// conv2d: the scalar reference against hand-computed values, then the dispatched fast path
-// (AVX2 on x86) and the portable blocked path against the reference over kernel sizes, strides,
-// asymmetric padding, upsampling, prologues, accumulation, weight dtypes and thread counts.
+// conv2d: the scalar reference against hand-computed values, then the kernel selected for every
+// ISA this CPU has (the portable blocked path for scalar, AVX2 implicit GEMM above) against the
+// reference over kernel sizes, strides, asymmetric padding, upsampling, prologues, accumulation,
+// weight dtypes and thread counts.
 // Tolerance as for the other kernels: max|fast − ref| ≤ 1e-5 · max(1, max|ref|).
 #include <gtest/gtest.h>
 
@@ -10,10 +11,13 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/format.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/conv2d.h"
+#include "kernels/registry.h"
 
 namespace klein {
 namespace {
@@ -22,13 +26,37 @@ struct OwnedWeight {
   Weight w;
   std::vector<float> f32;
   std::vector<uint16_t> u16;
+  std::vector<uint8_t> u8;
+  std::vector<float> scales, offsets;
 };
 
+// The values in `vals` rounded to the weight format `dt`. The 8-bit and 4-bit formats take
+// payload bytes derived from the values instead (their exact decoded values do not matter: the
+// reference reads the same bytes): F8_E4M3 with the top exponent bit clear (|v| < 2, never NaN),
+// Q8_ROW / Q4_G64 with small random-ish scales (and offsets).
 OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& vals) {
   OwnedWeight o;
   o.w.name = "test.conv.weight";
   o.w.dtype = dt;
   o.w.shape = shape;
+  if (dt == DType::kF8E4M3 || dt == DType::kQ8Row || dt == DType::kQ4G64) {
+    const int64_t rows = o.w.rows(), cols = o.w.cols();
+    o.u8.resize(rows * format_row_bytes(dt, cols));
+    for (size_t i = 0; i < o.u8.size(); ++i) {
+      const auto b = static_cast<uint8_t>(static_cast<int>(vals[i % vals.size()] * 1000.0f + 1000.0f) & 0xff);
+      o.u8[i] = dt == DType::kF8E4M3 ? (b & 0xbf) : b;
+    }
+    o.w.data = o.u8.data();
+    o.w.nbytes = o.u8.size();
+    const int64_t ns = dt == DType::kQ8Row ? rows : rows * cols / 64;
+    for (int64_t i = 0; i < ns; ++i) {
+      o.scales.push_back(0.002f + 0.001f * static_cast<float>(i % 7));
+      o.offsets.push_back(-0.05f + 0.01f * static_cast<float>(i % 11));
+    }
+    o.w.scales = o.scales.data();
+    o.w.offsets = o.offsets.data();
+    return o;
+  }
   if (dt == DType::kF32) {
     o.f32 = vals;
     o.w.data = o.f32.data();
@@ -97,7 +125,7 @@ struct ConvCase {
   bool up, prologue, silu, accumulate, bias;
 };
 
-float check_case(const ConvCase& c, DType dt, ThreadPool& pool, std::mt19937& rng, bool use_blocked) {
+float check_case(const kernels::KernelSet& set, const ConvCase& c, DType dt, ThreadPool& pool, std::mt19937& rng) {
   const auto x = random_vec(c.N * c.Cin * c.H * c.W, rng, -2, 2);
   auto w = make_weight(dt, {c.Cout, c.Cin, c.KH, c.KW}, random_vec(c.Cout * c.Cin * c.KH * c.KW, rng));
   auto b = make_weight(DType::kBF16, {c.Cout}, random_vec(c.Cout, rng));
@@ -116,10 +144,7 @@ float check_case(const ConvCase& c, DType dt, ThreadPool& pool, std::mt19937& rn
   const int64_t on = c.N * c.Cout * OH * OW;
   std::vector<float> y = random_vec(on, rng), yr(y);  // random start: checks accumulate/overwrite
   const Weight* bp = c.bias ? &b.w : nullptr;
-  if (use_blocked)
-    kernels::blocked::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
-  else
-    kernels::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
+  kernels::run_conv2d(set, x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
   kernels::ref::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
   float err = 0, mag = 0;
   for (int64_t i = 0; i < on; ++i) {
@@ -156,30 +181,60 @@ std::vector<ConvCase> cases() {
   return v;
 }
 
-TEST(Conv2d, FastMatchesRef) {
+// The kernel tests, once per ISA of this CPU (test names end in the ISA: Conv2d.FastMatchesRef/avx2).
+class Conv2d : public testing::TestWithParam<Isa> {
+ protected:
+  const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), GetParam());
+};
+
+INSTANTIATE_TEST_SUITE_P(Isa, Conv2d, testing::ValuesIn(CpuFeatures::host().isas()),
+                         [](const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
+
+TEST_P(Conv2d, FastMatchesRef) {
   std::mt19937 rng(77);
   ThreadPool pool1(1), pool2(2), pool3(3);
   int i = 0;
   for (const auto& c : cases())
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       ThreadPool& pool = (i++ % 3 == 0) ? pool1 : (i % 3 == 1 ? pool2 : pool3);
-      const float e = check_case(c, dt, pool, rng, false);
+      const float e = check_case(set, c, dt, pool, rng);
       ASSERT_LE(e, 1e-5f) << "case Cin=" << c.Cin << " H=" << c.H << " W=" << c.W << " Cout=" << c.Cout
                           << " k=" << c.KH << "x" << c.KW << " s=" << c.stride << " up=" << c.up
                           << " dtype=" << dtype_name(dt) << " threads=" << pool.size();
     }
 }
 
-TEST(Conv2d, BlockedMatchesRef) {
+TEST_P(Conv2d, EveryWeightFormat) {
+  // The quantized formats reach the conv kernels through weight_row_to_f32; Q4_G64 needs a
+  // reduction length Cin·kh·kw that is a multiple of 64.
+  std::mt19937 rng(79);
+  ThreadPool pool(2);
+  //                           N Cin  H   W Cout KH KW s pt pb pl pr   up    pro    silu   acc    bias
+  const ConvCase cs[] = {{1, 64, 9, 11, 12, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true},
+                         {1, 64, 7, 6, 3, 1, 1, 1, 0, 0, 0, 0, false, false, false, true, true},
+                         {1, 128, 5, 9, 5, 3, 3, 2, 0, 1, 0, 1, true, true, false, false, false}};
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    for (const ConvCase& c : cs) {
+      const float e = check_case(set, c, f.id, pool, rng);
+      ASSERT_LE(e, 1e-5f) << "format " << f.name << " Cin=" << c.Cin << " Cout=" << c.Cout << " k=" << c.KH;
+    }
+  }
+}
+
+TEST(Conv2dBlocked, BlockedMatchesRef) {
+  // The portable path, whatever this CPU has: it is the scalar row of every weight format.
+  const auto set = kernels::KernelSet::select(CpuFeatures::host(), Isa::kScalar);
+  ASSERT_EQ(set.get(kernels::Op::kConv2d, DType::kBF16).conv2d, &kernels::blocked::conv2d);
   std::mt19937 rng(78);
   ThreadPool pool(2);
   for (const auto& c : cases()) {
-    const float e = check_case(c, DType::kBF16, pool, rng, true);
+    const float e = check_case(set, c, DType::kBF16, pool, rng);
     ASSERT_LE(e, 1e-5f) << "case Cin=" << c.Cin << " H=" << c.H << " W=" << c.W << " Cout=" << c.Cout;
   }
 }
 
-TEST(Conv2d, OutSize) {
+TEST(Conv2dShape, OutSize) {
   EXPECT_EQ(kernels::conv2d_out_size(64, 3, 1, 1, 1, false), 64);
   EXPECT_EQ(kernels::conv2d_out_size(64, 3, 2, 0, 1, false), 32);
   EXPECT_EQ(kernels::conv2d_out_size(65, 3, 2, 0, 1, false), 32);
@@ -187,18 +242,22 @@ TEST(Conv2d, OutSize) {
   EXPECT_EQ(kernels::conv2d_out_size(1, 3, 1, 0, 0, false), 0);
 }
 
-TEST(Conv2d, RejectsMismatchedWeight) {
+TEST_P(Conv2d, RejectsMismatchedWeight) {
   std::vector<float> x(2 * 4 * 4), y(16);
   auto w = make_weight(DType::kF32, {1, 3, 3, 3}, std::vector<float>(27, 1.0f));
   ThreadPool pool(1);
+  EXPECT_THROW(kernels::run_conv2d(set, x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
+                                   kernels::Conv2dParams::same(3), pool),
+               std::invalid_argument);
   EXPECT_THROW(kernels::conv2d(x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
                                kernels::Conv2dParams::same(3), pool),
                std::invalid_argument);
 }
 
 // Throughput of the VAE's dominant conv shape (3×3, 512 → 512 at 64×64, bf16 weights). Prints
-// GFLOP/s; only checks that it ran. Set KLEIN_CONV_BENCH=1 for the larger repeat count.
-TEST(Conv2d, Speed512) {
+// GFLOP/s; only checks that it ran. Set KLEIN_CONV_BENCH=1 for the larger repeat count. Runs the
+// best kernel only (the scalar one would take minutes at this size).
+TEST(Conv2dSpeed, Speed512) {
   const int64_t C = 512, H = 64, W = 64;
   std::mt19937 rng(1);
   const auto x = random_vec(C * H * W, rng);

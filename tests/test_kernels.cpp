@@ -1,5 +1,7 @@
-// Kernel tests: the scalar references against hand-computed values, then the dispatched (AVX2 on
-// x86) kernels against the references over many shapes, dtypes, strides and masks.
+// Kernel tests: the scalar references against hand-computed values, then the kernels selected for
+// every ISA this CPU has (KernelSet::select with that ISA as the ceiling; an ISA without kernels
+// of its own runs the next lower ones) against the references over many shapes, dtypes, strides
+// and masks; and the ISA table / kernel registry themselves.
 //
 // Tolerances: references accumulate in double, fast paths in float32 with a different summation
 // order, so we bound  max|fast - ref| ≤ 1e-5 · max(1, max|ref|)  — a few float ulps scaled by the
@@ -11,10 +13,13 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/format.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/kernels.h"
+#include "kernels/registry.h"
 
 namespace klein {
 namespace {
@@ -26,6 +31,7 @@ struct OwnedWeight {
   std::vector<uint16_t> u16;
   std::vector<int8_t> i8;
   std::vector<float> scales;
+  std::vector<float> offsets;
 };
 
 // [rows, cols] weight of the given dtype with values from `vals` (rounded to that dtype).
@@ -64,6 +70,28 @@ std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, fl
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// [rows, cols] weight of any format the kernels compute with, random O(1) values: through
+// make_weight where it can quantize, else random payload bytes (F8_E4M3 with the top exponent
+// bit clear: |v| < 2, never NaN; Q4_G64 nibbles with random scales and offsets).
+OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  if (dt != DType::kF8E4M3 && dt != DType::kQ4G64) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
+  OwnedWeight o;
+  o.w.name = "test.weight";
+  o.w.dtype = dt;
+  o.w.shape = {rows, cols};
+  o.i8.resize(rows * format_row_bytes(dt, cols));
+  for (auto& b : o.i8) b = static_cast<int8_t>(rng() & (dt == DType::kF8E4M3 ? 0xbf : 0xff));
+  o.w.data = o.i8.data();
+  o.w.nbytes = o.i8.size();
+  if (dt == DType::kQ4G64) {
+    o.scales = random_vec(rows * cols / 64, rng, 0.01f, 0.2f);
+    o.offsets = random_vec(rows * cols / 64, rng);
+    o.w.scales = o.scales.data();
+    o.w.offsets = o.offsets.data();
+  }
+  return o;
 }
 
 // max|a - b| over the valid [rows, cols] part of two row-strided buffers, and max|b|.
@@ -114,27 +142,37 @@ TEST(KernelsRef, AttentionHandComputed) {
   EXPECT_EQ(out, (std::vector<float>{0, 0, 3, 4}));
 }
 
-void check_linear(DType dt, int64_t M, int64_t N, int64_t K, bool bias, int64_t pad,
-                  ThreadPool& pool, std::mt19937& rng) {
+// The kernel tests, once per ISA of this CPU (test names end in the ISA: Kernels.LinearMatchesRef/avx2).
+class Kernels : public testing::TestWithParam<Isa> {
+ protected:
+  const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), GetParam());
+};
+
+std::string isa_param_name(const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
+
+INSTANTIATE_TEST_SUITE_P(Isa, Kernels, testing::ValuesIn(CpuFeatures::host().isas()), isa_param_name);
+
+void check_linear(const kernels::KernelSet& set, DType dt, int64_t M, int64_t N, int64_t K, bool bias,
+                  int64_t pad, ThreadPool& pool, std::mt19937& rng) {
   const int64_t ldx = K + pad, ldy = N + 2 * pad;
   const auto x = random_vec(M * ldx, rng);
-  auto W = make_weight(dt, N, K, random_vec(N * K, rng));
+  auto W = random_weight(dt, N, K, rng);
   auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
   std::vector<float> y(M * ldy, 7.0f), yr(M * ldy, 7.0f);  // 7 = sentinel in the row padding
-  kernels::linear(x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, pad ? ldx : 0,
-                  pad ? ldy : 0);
+  kernels::run_linear(set, x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, pad ? ldx : 0,
+                      pad ? ldy : 0);
   kernels::ref::linear(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), pad ? ldx : 0,
                        pad ? ldy : 0);
   float err, mag;
   compare(y.data(), yr.data(), M, N, ldy, &err, &mag);
   ASSERT_LE(err, 1e-5f * std::max(1.0f, mag))
       << dtype_name(dt) << " M=" << M << " N=" << N << " K=" << K << " bias=" << bias
-      << " pad=" << pad << " threads=" << pool.size();
+      << " pad=" << pad << " threads=" << pool.size() << " kernel=" << set.get(kernels::Op::kLinear, dt).name;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], 7.0f) << "wrote past row end";
 }
 
-TEST(Kernels, LinearMatchesRef) {
+TEST_P(Kernels, LinearMatchesRef) {
   std::mt19937 rng(1234);
   ThreadPool pool1(1), pool2(2), pool3(3);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16})
@@ -142,27 +180,37 @@ TEST(Kernels, LinearMatchesRef) {
       for (int64_t N : {1, 5, 16, 33, 100})
         for (int64_t K : {1, 7, 64, 300}) {
           const bool bias = (M + N + K) % 2 == 0;
-          check_linear(dt, M, N, K, bias, 0, pool2, rng);
-          check_linear(dt, M, N, K, !bias, 3, pool2, rng);
+          check_linear(set, dt, M, N, K, bias, 0, pool2, rng);
+          check_linear(set, dt, M, N, K, !bias, 3, pool2, rng);
         }
   for (ThreadPool* p : {&pool1, &pool3})
     for (int64_t M : {1, 4, 5, 130})
-      for (int64_t N : {33, 100}) check_linear(DType::kBF16, M, N, 300, true, 1, *p, rng);
+      for (int64_t N : {33, 100}) check_linear(set, DType::kBF16, M, N, 300, true, 1, *p, rng);
 }
 
-TEST(Kernels, LinearLargeShapes) {
+TEST_P(Kernels, LinearLargeShapes) {
   // Crosses the K-slice (256) and N-slab (256) blocking and both thread-split strategies.
   std::mt19937 rng(99);
   ThreadPool pool(2);
-  check_linear(DType::kBF16, 37, 530, 700, true, 0, pool, rng);
-  check_linear(DType::kF16, 200, 40, 520, false, 5, pool, rng);
-  check_linear(DType::kF32, 13, 260, 257, true, 0, pool, rng);
+  check_linear(set, DType::kBF16, 37, 530, 700, true, 0, pool, rng);
+  check_linear(set, DType::kF16, 200, 40, 520, false, 5, pool, rng);
+  check_linear(set, DType::kF32, 13, 260, 257, true, 0, pool, rng);
 }
 
-TEST(Kernels, LinearQuantizedFallback) {
+TEST_P(Kernels, LinearQuantizedFallback) {
   std::mt19937 rng(5);
   ThreadPool pool(2);
-  for (int64_t M : {1, 9, 70}) check_linear(DType::kQ8Row, M, 50, 128, true, 2, pool, rng);
+  for (int64_t M : {1, 9, 70}) check_linear(set, DType::kQ8Row, M, 50, 128, true, 2, pool, rng);
+}
+
+TEST_P(Kernels, LinearEveryWeightFormat) {
+  std::mt19937 rng(6);
+  ThreadPool pool(2);
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    for (int64_t M : {1, 5, 40})
+      for (int64_t K : {64, 320}) check_linear(set, f.id, M, 37, K, M != 5, M == 40 ? 3 : 0, pool, rng);
+  }
 }
 
 struct AttnCase {
@@ -172,7 +220,8 @@ struct AttnCase {
   int valid_mode;  // 0: no key_valid, 1: random with key 0 invalid, 2: all invalid
 };
 
-void check_attention(const AttnCase& c, ThreadPool& pool, std::mt19937& rng, bool fused) {
+void check_attention(const kernels::KernelSet& set, const AttnCase& c, ThreadPool& pool, std::mt19937& rng,
+                     bool fused) {
   const int64_t qw = int64_t{c.Hq} * c.D, kw = int64_t{c.Hkv} * c.D;
   // fused: q, k, v interleaved in one [S, qw + 2 kw] buffer (as a fused QKV Linear writes it).
   const int64_t S = std::max(c.Sq, c.Sk), ld = qw + 2 * kw;
@@ -201,8 +250,8 @@ void check_attention(const AttnCase& c, ThreadPool& pool, std::mt19937& rng, boo
   const int64_t ldo_r = ldo ? ldo : qw;
   std::vector<float> o(c.Sq * ldo_r, NAN), r(c.Sq * ldo_r, NAN);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
-  kernels::attention(q, k, v, o.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, pool, ldq,
-                     ldk, ldv, ldo);
+  kernels::run_attention(set, q, k, v, o.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, pool, ldq,
+                         ldk, ldv, ldo);
   kernels::ref::attention(q, k, v, r.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, ldq, ldk,
                           ldv, ldo);
   float err, mag;
@@ -214,7 +263,7 @@ void check_attention(const AttnCase& c, ThreadPool& pool, std::mt19937& rng, boo
     for (int64_t d = 0; d < qw; ++d) ASSERT_EQ(o[d], 0.0f) << "masked row must be zeros";
 }
 
-TEST(Kernels, AttentionMatchesRef) {
+TEST_P(Kernels, AttentionMatchesRef) {
   std::mt19937 rng(42);
   ThreadPool pool(2);
   int n = 0;
@@ -225,18 +274,18 @@ TEST(Kernels, AttentionMatchesRef) {
         for (bool causal : {false, true})
           for (int vm : {0, 1}) {
             if (D == 128 && (Sq + Sk) % 3 != 0 && !(vm == 1 && causal)) continue;  // keep fast
-            check_attention({Sq, Sk, Hq, Hkv, D, causal, vm}, pool, rng, ++n % 2 == 0);
+            check_attention(set, {Sq, Sk, Hq, Hkv, D, causal, vm}, pool, rng, ++n % 2 == 0);
           }
-  check_attention({40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
-  check_attention({300, 300, 3, 3, 20, true, 1}, pool, rng, true);  // D % 16 != 0, many blocks
+  check_attention(set, {40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
+  check_attention(set, {300, 300, 3, 3, 20, true, 1}, pool, rng, true);  // D % 16 != 0, many blocks
   // Several query blocks without a causal mask (the fast path uses larger blocks then).
-  check_attention({400, 130, 2, 1, 16, false, 1}, pool, rng, false);
-  check_attention({250, 100, 2, 2, 128, false, 0}, pool, rng, true);
+  check_attention(set, {400, 130, 2, 1, 16, false, 1}, pool, rng, false);
+  check_attention(set, {250, 100, 2, 2, 128, false, 0}, pool, rng, true);
   ThreadPool pool1(1);
-  check_attention({100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
+  check_attention(set, {100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
 }
 
-TEST(Kernels, AttentionLargeScoresStayFinite) {
+TEST_P(Kernels, AttentionLargeScoresStayFinite) {
   // Scores of ±1e3 would overflow a naive exp; online softmax must subtract the running max.
   std::mt19937 rng(3);
   ThreadPool pool(2);
@@ -245,7 +294,7 @@ TEST(Kernels, AttentionLargeScoresStayFinite) {
   auto q = random_vec(S * D, rng, -10, 10), k = random_vec(S * D, rng, -10, 10),
        v = random_vec(S * D, rng);
   std::vector<float> o(S * D), r(S * D);
-  kernels::attention(q.data(), k.data(), v.data(), o.data(), S, S, 1, 1, D, 1.0f, {}, pool);
+  kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, 1, 1, D, 1.0f, {}, pool);
   kernels::ref::attention(q.data(), k.data(), v.data(), r.data(), S, S, 1, 1, D, 1.0f, {});
   float err, mag;
   compare(o.data(), r.data(), S, D, D, &err, &mag);

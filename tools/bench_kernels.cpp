@@ -1,7 +1,9 @@
 // klein-bench_kernels: measures this machine's float32 FMA peak and the GEMM / attention kernels
 // against it, so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
-//   klein-bench_kernels [--threads N] [--reps R] [--quick]
+//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME]
+//
+// --isa caps the kernel selection (scalar, avx2, ...) to time a lower ISA's kernels on this CPU.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -14,10 +16,11 @@
 #include <time.h>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
-#include "kernels/kernels.h"
+#include "kernels/registry.h"
 
 #if defined(KLEIN_X86)
 #include <immintrin.h>
@@ -85,8 +88,8 @@ struct Row {
 Row fma_peak(ThreadPool& pool, int reps) {
   Row r{"fp32 FMA peak (12 chains of ymm FMA)", pool.size(), 0, {}};
 #if defined(KLEIN_X86)
-  // The CPU's capability, not cpu_has_avx2(): that also honours KLEIN_DISABLE_AVX2.
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return r;
+  // The CPU's capability, not the selected kernels': the peak is the yardstick whatever --isa is.
+  if (!CpuFeatures::host().has(Isa::kAvx2)) return r;
   const int64_t iters = 20'000'000;  // 3.8 GFLOP per thread, ~0.05 s at 80 GFLOP/s
   std::vector<float> sink(pool.size());
   r.t = time_best(reps, [&] { pool.run([&](int i, int) { sink[i] = fma_loop(iters); }); });
@@ -124,9 +127,22 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads for the kernels (peak is also shown for 1)");
   app.add_option("--reps", reps, "timed repetitions (best is reported)");
   app.add_flag("--quick", quick, "smaller shapes, for a smoke test");
+  std::string isa_arg;
+  app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("avx2/fma path: %s\n", kernels::cpu_has_avx2() ? "yes" : "no (scalar reference)");
+  Isa max_isa = Isa::kCount;
+  if (!isa_arg.empty() && !isa_from_name(isa_arg, &max_isa)) {
+    std::fprintf(stderr, "error: unknown ISA '%s'\n", isa_arg.c_str());
+    return 2;
+  }
+  const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), max_isa);
+  std::printf("cpu features: %s\n", CpuFeatures::host().flags().c_str());
+  for (auto [op, fmt] : {std::pair{kernels::Op::kLinear, DType::kBF16}, {kernels::Op::kAttention, DType::kF32}}) {
+    const kernels::KernelEntry& e = set.get(op, fmt);
+    std::printf("%s %s: %s (%s)\n", std::string(kernels::op_name(op)).c_str(), std::string(dtype_name(fmt)).c_str(),
+                std::string(isa_name(e.isa)).c_str(), std::string(e.name).c_str());
+  }
   ThreadPool pool1(1), pool(threads);
   const Row peak1 = fma_peak(pool1, std::max(reps, 5)), peakn = fma_peak(pool, std::max(reps, 5));
   std::vector<Row> rows = {peak1};
@@ -155,7 +171,7 @@ int main(int argc, char** argv) {
     for (ThreadPool* p : {&pool1, &pool}) {
       if (p == &pool1 && threads == 1) continue;
       const Time t = time_best(reps, [&] {
-        kernels::linear(x.data(), s.M, s.K, W, nullptr, y.data(), *p);
+        kernels::run_linear(set, x.data(), s.M, s.K, W, nullptr, y.data(), *p);
       });
       rows.push_back({name, p->size(), flop, t});
     }
@@ -169,8 +185,8 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
     const Time t = time_best(reps, [&] {
-      kernels::attention(q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
-                         1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
+      kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
+                             1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
     });
     rows.push_back({"attention S=" + std::to_string(S) + " H=" + std::to_string(H) +
                         " D=128" + (causal ? " causal" : ""),

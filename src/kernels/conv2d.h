@@ -11,7 +11,8 @@
 // ≤ 256 output pixels × 256 reduction elements straight from the input (never a full im2col
 // matrix) and multiplies them with a 6×16 register-blocked micro-kernel; for ≤ 6 output
 // channels it convolves directly from padded input row strips.
-// Without AVX2 a portable path (im2col in pixel blocks + kernels::linear) runs instead.
+// Without AVX2 a portable path (im2col in pixel blocks + the scalar linear) runs instead. Which
+// one runs is chosen by the kernel registry (kernels/registry.h, run_conv2d).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +49,7 @@ int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b,
 // in: [N, Cin, H, W] contiguous; w: [Cout, Cin, kh, kw]; bias: [Cout] (f32/f16/bf16) or null;
 // out: [N, Cout, OH, OW] contiguous (sizes from conv2d_out_size). `out` must not overlap `in`.
 // Throws std::invalid_argument on inconsistent arguments (a programming error: models validate
-// user-controlled shapes before calling).
+// user-controlled shapes before calling). Runs the process-wide selection (host_kernels()).
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
 
@@ -60,11 +61,13 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
 }  // namespace ref
 
 namespace blocked {
-// The portable path (used when AVX2 is unavailable; exposed for tests): im2col of a block of
-// output pixels into [pixels, Cin·kh·kw] rows, kernels::linear against the weight, transposed
-// store. Memory is bounded by the pixel block, not the image.
+// The portable path, the registry's scalar conv2d: im2col of a block of output pixels into
+// [pixels, Cin·kh·kw] rows, the scalar linear against the weight, transposed store. Memory is
+// bounded by the pixel block, not the image. Arguments validated by the caller (run_conv2d);
+// OH/OW precomputed and ≥ 1.
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool);
 }  // namespace blocked
 
 }  // namespace klein::kernels

@@ -1,36 +1,18 @@
-// Runtime dispatch of the kernel entry points: validate and resolve strides once here, then run
-// the AVX2/FMA path when it is compiled in (x86-64) and this CPU has it, else the scalar ref.
-#include <cstdlib>
+// The validated entry points over a KernelSet (run_linear, run_attention): check and resolve
+// strides once here, then call the kernel the set chose for the weight's format. Also the
+// temporary free functions kernels::linear / attention over the process-wide selection.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
-
-#if defined(KLEIN_X86)
-#include "kernels/cpu/avx2_kernels.h"
-#endif
+#include "kernels/registry.h"
 
 namespace klein::kernels {
 
-bool cpu_has_avx2() {
-#if defined(KLEIN_X86)
-  // F16C is needed by the f16 weight loads; every AVX2 CPU has it, but check rather than assume.
-  // KLEIN_DISABLE_AVX2=1 forces the scalar references (to test or time the fallback).
-  static const bool ok = [] {
-    const char* off = std::getenv("KLEIN_DISABLE_AVX2");
-    if (off && *off && std::string(off) != "0") return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
-void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
-            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
+                float* y, ThreadPool& pool, int64_t ldx, int64_t ldy) {
   const int64_t N = W.rows();
   if (W.cols() != K)
     throw std::invalid_argument("linear: " + W.name + " has " + std::to_string(W.cols()) +
@@ -40,24 +22,23 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight*
   if (ldx == 0) ldx = K;
   if (ldy == 0) ldy = N;
   if (M <= 0 || N <= 0) return;
-  const bool has_bias = bias && !bias->empty();
-  if (!cpu_has_avx2() || K == 0) {
-    ref::linear(x, M, K, W, has_bias ? bias : nullptr, y, ldx, ldy);
-    return;
-  }
-#if defined(KLEIN_X86)
+  const LinearFn fn = set.get(Op::kLinear, W.dtype).linear;
   std::vector<float> b;  // [N] bias as f32
-  if (has_bias) {
+  if (bias && !bias->empty()) {
     b.resize(N);
     weight_to_f32(*bias, 0, N, b.data());
   }
-  avx2::linear(x, M, K, W, has_bias ? b.data() : nullptr, y, pool, ldx, ldy);
-#endif
+  if (K == 0) {  // an empty sum: y = bias (the kernels need K ≥ 1)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) y[m * ldy + n] = b.empty() ? 0.0f : b[n];
+    return;
+  }
+  fn(x, M, K, W, b.empty() ? nullptr : b.data(), y, pool, ldx, ldy);
 }
 
-void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
-               int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
-               ThreadPool& pool, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
+void run_attention(const KernelSet& set, const float* q, const float* k, const float* v, float* out, int64_t Sq,
+                   int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
+                   int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
   if (Hkv <= 0 || Hq <= 0 || Hq % Hkv != 0)
     throw std::invalid_argument("attention: Hq (" + std::to_string(Hq) +
                                 ") must be a multiple of Hkv (" + std::to_string(Hkv) + ")");
@@ -66,13 +47,19 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
   if (ldk == 0) ldk = static_cast<int64_t>(Hkv) * D;
   if (ldv == 0) ldv = static_cast<int64_t>(Hkv) * D;
   if (Sq <= 0 || D <= 0) return;
-  if (!cpu_has_avx2()) {
-    ref::attention(q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo);
-    return;
-  }
-#if defined(KLEIN_X86)
-  avx2::attention(q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, pool, ldq, ldk, ldv, ldo);
-#endif
+  set.get(Op::kAttention, DType::kF32).attention(q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, pool, ldq, ldk,
+                                                  ldv, ldo);
+}
+
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  run_linear(host_kernels(), x, M, K, W, bias, y, pool, ldx, ldy);
+}
+
+void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
+               int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
+               ThreadPool& pool, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
+  run_attention(host_kernels(), q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, pool, ldq, ldk, ldv, ldo);
 }
 
 }  // namespace klein::kernels

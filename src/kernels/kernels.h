@@ -1,6 +1,7 @@
-// Compute kernels used by the models. Each entry point dispatches to the fastest implementation
-// this CPU supports (src/kernels/cpu/*_avx2.cpp) and falls back to the plain scalar reference in
-// src/kernels/ref/, which is also what the tests compare the fast paths against.
+// Compute kernels used by the models. The implementations per weight format and ISA
+// (src/kernels/cpu/, the scalar references in src/kernels/ref/) are listed in the kernel registry
+// (kernels/registry.h); the free functions here run the process-wide best selection
+// (host_kernels()) and remain only until the models call the CPU backend, which holds its own.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +37,5 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
                int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
 }  // namespace ref
-
-// True when the AVX2/FMA/F16C paths are compiled in and this CPU supports them (and the
-// environment variable KLEIN_DISABLE_AVX2 is unset or "0"; set it to force the references).
-bool cpu_has_avx2();
 
 }  // namespace klein::kernels

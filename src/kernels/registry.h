@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/conv2d.h"
+#include "kernels/kernels.h"
 
 namespace klein::kernels {
 
@@ -48,7 +49,11 @@ std::span<const KernelEntry> kernel_table();
 class KernelSet {
  public:
   static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount);
+  // The chosen entry; throws std::invalid_argument when no kernel computes `op` with `format`
+  // (a weight of a non-weight format such as I32 reaching a kernel).
   const KernelEntry& get(Op op, DType format) const;
+  const KernelEntry* find(Op op, DType format) const;  // null when there is none
+  // The highest ISA this set may use: the ceiling, lowered to the best the CPU has.
   Isa max_isa() const { return max_isa_; }
   // One line per (op, format): "linear BF16: avx2 (gemm_avx2)".
   std::string describe() const;
@@ -58,14 +63,25 @@ class KernelSet {
   Isa max_isa_ = Isa::kScalar;
 };
 
-// Validated entry points: argument checks (throwing std::invalid_argument on a programming
-// error), 0 strides resolved, bias converted to f32, then the selected kernel.
-void run_linear(const KernelSet& ks, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
+// Validated entry points over a KernelSet: argument checks (std::invalid_argument on
+// inconsistent arguments), 0 strides resolved, the bias converted to float32, empty problems
+// returned early, then the selected kernel for (op, weight format). Semantics as kernels.h /
+// conv2d.h describe for linear, attention and conv2d.
+void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
                 float* y, ThreadPool& pool, int64_t ldx = 0, int64_t ldy = 0);
-void run_attention(const KernelSet& ks, const float* q, const float* k, const float* v, float* out, int64_t Sq,
+void run_attention(const KernelSet& set, const float* q, const float* k, const float* v, float* out, int64_t Sq,
                    int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                    int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
-void run_conv2d(const KernelSet& ks, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-                const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+void run_conv2d(const KernelSet& set, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W,
+                const Weight& w, const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
+
+// The best kernels for this CPU, selected once per process. Only for the free functions
+// kernels::linear / attention / conv2d that the models call until they move to the CPU backend,
+// which holds its own KernelSet.
+const KernelSet& host_kernels();
+
+// Multi-line report for `klein info --cpu`: CPU model (from /proc/cpuinfo when present), the
+// features found, the usable ISAs, and the kernel chosen per (op, format) in `set`.
+std::string describe_cpu(const KernelSet& set);
 
 }  // namespace klein::kernels

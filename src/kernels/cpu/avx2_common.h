@@ -1,6 +1,7 @@
 // Building blocks shared by the AVX2 kernels (gemm, attention, conv2d): the register-blocked FMA
 // micro-kernel, 8-lane exp / exp2, dtype-converting loads, an 8×8 transpose, per-thread scratch. Include ONLY from *_avx2.cpp files: the
-// code needs -mavx2 -mfma -mf16c and must never run before the runtime CPU check in dispatch.cpp.
+// code needs -mavx2 -mfma -mf16c and must never run on a CPU without them: only the kernel registry
+// (kernels/registry.h) reaches it, through entries selected for CPUs that have Isa::kAvx2.
 #pragma once
 
 #include <immintrin.h>

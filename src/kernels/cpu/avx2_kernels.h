@@ -1,6 +1,7 @@
 // Entry points of the AVX2/FMA/F16C implementations (src/kernels/cpu/*_avx2.cpp). Only compiled
-// on x86-64 (KLEIN_X86) and only called by dispatch.cpp after the runtime CPU check. Arguments
-// are already validated and strides resolved (no zeros) by the dispatcher.
+// on x86-64 (KLEIN_X86) and only reached through the kernel registry's Isa::kAvx2 rows, which a
+// KernelSet selects only on CPUs that have AVX2/FMA/F16C. Arguments are already validated and
+// strides resolved (no zeros) by run_linear / run_attention.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// kernels::conv2d: argument checks and dispatch (AVX2 implicit GEMM on capable x86 CPUs), plus
-// the portable blocked path: im2col of kBlockElems-bounded pixel blocks into [pixels, K] rows,
-// kernels::linear against the [Cout, K] weight (any dtype), then a transposed NCHW store.
+// run_conv2d: argument checks, then the conv2d kernel the KernelSet chose for the weight's format
+// (AVX2 implicit GEMM on capable x86 CPUs); plus the portable blocked path, the scalar row:
+// im2col of kBlockElems-bounded pixel blocks into [pixels, K] rows, the scalar linear against
+// the [Cout, K] weight (any format), then a transposed NCHW store.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -8,11 +9,8 @@
 #include <vector>
 
 #include "kernels/conv2d.h"
-#include "kernels/kernels.h"
-
-#if defined(KLEIN_X86)
-#include "kernels/cpu/conv2d_avx2.h"
-#endif
+#include "kernels/cpu/scalar_kernels.h"
+#include "kernels/registry.h"
 
 namespace klein::kernels {
 namespace {
@@ -50,26 +48,30 @@ inline float silu1(float v) { return v / (1.0f + std::exp(-v)); }
 
 }  // namespace
 
-void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+void run_conv2d(const KernelSet& set, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W,
+                const Weight& w, const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
   const Dims d = check(in, N, Cin, H, W, w, bias, out, p);
   if (N == 0 || d.OH <= 0 || d.OW <= 0) return;
   if (H == 0 || W == 0) throw std::invalid_argument("conv2d: empty input for " + w.name);
-#if defined(KLEIN_X86)
-  if (cpu_has_avx2()) {
-    avx2::conv2d(in, N, Cin, H, W, w, bias, out, d.OH, d.OW, p, pool);
-    return;
-  }
-#endif
-  blocked::conv2d(in, N, Cin, H, W, w, bias, out, p, pool);
+  set.get(Op::kConv2d, w.dtype).conv2d(in, N, Cin, H, W, w, bias, out, d.OH, d.OW, p, pool);
+}
+
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+  run_conv2d(host_kernels(), in, N, Cin, H, W, w, bias, out, p, pool);
 }
 
 namespace blocked {
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
-  const Dims d = check(in, N, Cin, H, W, w, bias, out, p);
-  if (N == 0 || d.OH <= 0 || d.OW <= 0) return;
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool) {
+  const Dims d{w.shape[0], w.shape[2], w.shape[3], OH, OW};
+  std::vector<float> b;  // [Cout] bias as f32, converted once for all pixel blocks
+  if (bias && !bias->empty()) {
+    b.resize(d.Cout);
+    weight_to_f32(*bias, 0, d.Cout, b.data());
+  }
   const int64_t K = Cin * d.KH * d.KW, P = d.OH * d.OW, Cout = d.Cout;
   const int64_t u = p.upsample2x ? 2 : 1, Hu = H * u, Wu = W * u;
   // Pixel block: the im2col rows [nb, K] plus the GEMM result [nb, Cout] stay under ~16 MB.
@@ -110,7 +112,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
           }
         }
       }, 16);
-      linear(col.data(), nb, K, w, bias, y.data(), pool);
+      scalar::linear(col.data(), nb, K, w, b.empty() ? nullptr : b.data(), y.data(), pool, K, Cout);
       pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
         for (int64_t co = b; co < e; ++co) {
           float* row = o + co * P + pix0;

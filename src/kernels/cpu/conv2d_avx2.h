@@ -1,5 +1,5 @@
-// Entry point of the AVX2/FMA conv2d (conv2d_avx2.cpp). x86-64 only; called by the dispatcher
-// in conv2d.cpp after the runtime CPU check, with validated arguments.
+// Entry point of the AVX2/FMA conv2d (conv2d_avx2.cpp). x86-64 only; the kernel
+// registry's Isa::kAvx2 conv2d row, called by run_conv2d with validated arguments.
 #pragma once
 
 #include <cstdint>

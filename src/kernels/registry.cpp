@@ -1,0 +1,100 @@
+// The kernel table and KernelSet selection. Rows are generated from the format table: every
+// format the kernels can compute with (is_weight) gets a scalar linear and conv2d (they expand
+// rows through weight_row_to_f32), and on x86 builds an AVX2 one (the GEMM streams f32/f16/bf16
+// panels and expands the other formats row-wise the same way).
+#include "kernels/registry.h"
+
+#include <stdexcept>
+#include <vector>
+
+#include "core/format.h"
+#include "kernels/cpu/scalar_kernels.h"
+
+#if defined(KLEIN_X86)
+#include "kernels/cpu/avx2_kernels.h"
+#include "kernels/cpu/conv2d_avx2.h"
+#endif
+
+namespace klein::kernels {
+namespace {
+
+std::vector<KernelEntry> build_table() {
+  std::vector<KernelEntry> t;
+  auto add_isa = [&](Isa isa, std::string_view lin, LinearFn lf, std::string_view att, AttentionFn af,
+                     std::string_view conv, Conv2dFn cf) {
+    t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = isa, .name = att, .attention = af});
+    for (const FormatTraits& f : format_table()) {
+      if (!f.is_weight) continue;
+      t.push_back({.op = Op::kLinear, .format = f.id, .isa = isa, .name = lin, .linear = lf});
+      t.push_back({.op = Op::kConv2d, .format = f.id, .isa = isa, .name = conv, .conv2d = cf});
+    }
+  };
+  add_isa(Isa::kScalar, "linear_ref", scalar::linear, "attention_ref", scalar::attention, "conv2d_blocked",
+          blocked::conv2d);
+#if defined(KLEIN_X86)
+  add_isa(Isa::kAvx2, "gemm_avx2", avx2::linear, "flash_attention_avx2", avx2::attention, "conv2d_avx2",
+          avx2::conv2d);
+#endif
+  return t;
+}
+
+}  // namespace
+
+std::string_view op_name(Op op) {
+  switch (op) {
+    case Op::kLinear: return "linear";
+    case Op::kAttention: return "attention";
+    case Op::kConv2d: return "conv2d";
+    case Op::kCount: break;
+  }
+  return "unknown";
+}
+
+std::span<const KernelEntry> kernel_table() {
+  static const std::vector<KernelEntry> table = build_table();
+  return table;
+}
+
+KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa) {
+  KernelSet s;
+  for (Isa isa : cpu.isas())
+    if (isa <= max_isa) s.max_isa_ = std::max(s.max_isa_, isa);
+  // "Highest" is numeric enum order: the ISAs are not a chain (avx_vnni lacks AVX-512), but an
+  // entry is only a candidate when the CPU has its ISA, so any candidate is runnable.
+  for (const KernelEntry& e : kernel_table()) {
+    if (!cpu.has(e.isa) || e.isa > s.max_isa_) continue;
+    const KernelEntry*& c = s.chosen_[static_cast<int>(e.op)][static_cast<int>(e.format)];
+    if (!c || e.isa > c->isa) c = &e;
+  }
+  return s;
+}
+
+const KernelEntry* KernelSet::find(Op op, DType format) const {
+  if (op >= Op::kCount || format >= DType::kCount) return nullptr;
+  return chosen_[static_cast<int>(op)][static_cast<int>(format)];
+}
+
+const KernelEntry& KernelSet::get(Op op, DType format) const {
+  const KernelEntry* e = find(op, format);
+  if (!e)
+    throw std::invalid_argument(std::string(op_name(op)) + ": no kernel for weight format " +
+                                std::string(dtype_name(format)));
+  return *e;
+}
+
+std::string KernelSet::describe() const {
+  std::string s;
+  for (int op = 0; op < static_cast<int>(Op::kCount); ++op)
+    for (int f = 0; f < static_cast<int>(DType::kCount); ++f)
+      if (const KernelEntry* e = chosen_[op][f])
+        s += std::string(op_name(e->op)) + " " + std::string(dtype_name(e->format)) + ": " +
+             std::string(isa_name(e->isa)) + " (" + std::string(e->name) + ")\n";
+  return s;
+}
+
+const KernelSet& host_kernels() {
+  static const KernelSet set = KernelSet::select(CpuFeatures::host());
+  return set;
+}
+
+}  // namespace klein::kernels

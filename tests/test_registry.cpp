@@ -1,0 +1,155 @@
+// The ISA table (CpuFeatures) and the kernel registry: selection honours the ceiling, every
+// format the kernels compute with has a kernel for every op at every ceiling, and the reports
+// name what was chosen.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/cpu_features.h"
+#include "core/format.h"
+#include "kernels/registry.h"
+
+namespace klein {
+namespace {
+
+using kernels::KernelSet;
+using kernels::Op;
+
+TEST(CpuFeatures, HostIsas) {
+  const std::vector<Isa> isas = CpuFeatures::host().isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), Isa::kScalar);
+  EXPECT_TRUE(std::is_sorted(isas.begin(), isas.end()));
+#if defined(__x86_64__)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  EXPECT_EQ(std::count(isas.begin(), isas.end(), Isa::kAvx2), avx2 ? 1 : 0);
+  EXPECT_EQ(CpuFeatures::host().avx512f, static_cast<bool>(__builtin_cpu_supports("avx512f")));
+#endif
+  for (Isa isa : isas) EXPECT_TRUE(CpuFeatures::host().has(isa));
+  EXPECT_FALSE(CpuFeatures::host().has(Isa::kCount));
+}
+
+TEST(CpuFeatures, IsaRequirements) {
+  CpuFeatures f;  // nothing
+  EXPECT_EQ(f.isas(), std::vector<Isa>{Isa::kScalar});
+  EXPECT_EQ(f.flags(), "none");
+  f.avx2 = f.fma = true;
+  EXPECT_FALSE(f.has(Isa::kAvx2));  // F16C missing
+  f.f16c = true;
+  EXPECT_TRUE(f.has(Isa::kAvx2));
+  f.avx512f = f.avx512bw = f.avx512dq = f.avx512vnni = f.avxvnni = true;
+  EXPECT_FALSE(f.has(Isa::kAvx512));  // VL missing
+  EXPECT_FALSE(f.has(Isa::kAvx512Vnni));
+  EXPECT_TRUE(f.has(Isa::kAvxVnni));  // AVX-VNNI needs only the AVX2 set
+  f.avx512vl = true;
+  EXPECT_EQ(f.isas(), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAvxVnni}));
+  EXPECT_EQ(f.flags(), "avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_vnni avx_vnni");
+}
+
+TEST(CpuFeatures, IsaNamesRoundTrip) {
+  for (int i = 0; i < static_cast<int>(Isa::kCount); ++i) {
+    const Isa isa = static_cast<Isa>(i);
+    Isa back = Isa::kCount;
+    ASSERT_TRUE(isa_from_name(isa_name(isa), &back)) << isa_name(isa);
+    EXPECT_EQ(back, isa);
+  }
+  Isa out;
+  EXPECT_FALSE(isa_from_name("sse9", &out));
+  EXPECT_FALSE(isa_from_name("", &out));
+  EXPECT_EQ(isa_name(Isa::kAvx512Bf16), "avx512_bf16");
+}
+
+// Each (op, format) the engine computes: linear and conv2d for every is_weight format, attention
+// on float32 activations.
+std::vector<std::pair<Op, DType>> computed_pairs() {
+  std::vector<std::pair<Op, DType>> v = {{Op::kAttention, DType::kF32}};
+  for (const FormatTraits& f : format_table())
+    if (f.is_weight) {
+      v.push_back({Op::kLinear, f.id});
+      v.push_back({Op::kConv2d, f.id});
+    }
+  return v;
+}
+
+TEST(KernelRegistry, EveryComputedPairHasAScalarKernel) {
+  for (auto [op, fmt] : computed_pairs()) {
+    const auto t = kernels::kernel_table();
+    EXPECT_TRUE(std::any_of(t.begin(), t.end(), [&](const kernels::KernelEntry& e) {
+      return e.op == op && e.format == fmt && e.isa == Isa::kScalar;
+    })) << op_name(op) << " " << dtype_name(fmt);
+  }
+}
+
+TEST(KernelRegistry, SelectNeverLeavesAComputedPairEmpty) {
+  const CpuFeatures none;  // a CPU with no SIMD at all
+  for (const CpuFeatures* cpu : {&CpuFeatures::host(), &none})
+    for (int c = 0; c <= static_cast<int>(Isa::kCount); ++c) {
+      const KernelSet set = KernelSet::select(*cpu, static_cast<Isa>(c));
+      for (auto [op, fmt] : computed_pairs()) {
+        const kernels::KernelEntry* e = set.find(op, fmt);
+        ASSERT_NE(e, nullptr) << op_name(op) << " " << dtype_name(fmt) << " ceiling " << c;
+        EXPECT_EQ(e->op, op);
+        EXPECT_EQ(e->format, fmt);
+        EXPECT_TRUE(cpu->has(e->isa));
+        EXPECT_LE(static_cast<int>(e->isa), c);
+        const bool fn = op == Op::kLinear ? e->linear != nullptr
+                        : op == Op::kAttention ? e->attention != nullptr : e->conv2d != nullptr;
+        EXPECT_TRUE(fn) << e->name;
+      }
+    }
+}
+
+TEST(KernelRegistry, EveryWeightFormatHasLinearAndConv) {
+  const KernelSet set = KernelSet::select(CpuFeatures::host());
+  for (const FormatTraits& f : format_table()) {
+    EXPECT_EQ(set.find(Op::kLinear, f.id) != nullptr, f.is_weight) << f.name;
+    EXPECT_EQ(set.find(Op::kConv2d, f.id) != nullptr, f.is_weight) << f.name;
+  }
+  EXPECT_THROW(set.get(Op::kLinear, DType::kI32), std::invalid_argument);
+}
+
+TEST(KernelRegistry, SelectionHonoursTheCeiling) {
+  const KernelSet scalar = KernelSet::select(CpuFeatures::host(), Isa::kScalar);
+  EXPECT_EQ(scalar.max_isa(), Isa::kScalar);
+  for (auto [op, fmt] : computed_pairs()) EXPECT_EQ(scalar.get(op, fmt).isa, Isa::kScalar);
+
+  // The default ceiling picks the best compiled kernel the CPU can run.
+  const KernelSet best = KernelSet::select(CpuFeatures::host());
+  EXPECT_EQ(best.max_isa(), CpuFeatures::host().isas().back());
+#if defined(KLEIN_X86)
+  if (CpuFeatures::host().has(Isa::kAvx2)) {
+    EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, Isa::kAvx2);
+    EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
+    EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, Isa::kAvx2);
+    // An ISA with no kernels of its own falls back to the next lower one that has them.
+    if (CpuFeatures::host().has(Isa::kAvx512))
+      EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvx512).get(Op::kLinear, DType::kF32).isa, Isa::kAvx2);
+  }
+#endif
+  // A ceiling the CPU lacks is lowered to what it has.
+  EXPECT_EQ(KernelSet::select(CpuFeatures{}, Isa::kAvx512).max_isa(), Isa::kScalar);
+}
+
+TEST(KernelRegistry, DescribeListsEveryPair) {
+  const KernelSet set = KernelSet::select(CpuFeatures::host());
+  const std::string d = set.describe();
+  for (auto [op, fmt] : computed_pairs()) {
+    const kernels::KernelEntry& e = set.get(op, fmt);
+    const std::string line = std::string(op_name(op)) + " " + std::string(dtype_name(fmt)) + ": " +
+                             std::string(isa_name(e.isa)) + " (" + std::string(e.name) + ")\n";
+    EXPECT_NE(d.find(line), std::string::npos) << line;
+  }
+  EXPECT_EQ(std::count(d.begin(), d.end(), '\n'), static_cast<long>(computed_pairs().size()));
+
+  const std::string cpu = kernels::describe_cpu(set);
+  EXPECT_EQ(cpu.rfind("cpu: ", 0), 0u) << cpu;
+  EXPECT_NE(cpu.find("features: " + CpuFeatures::host().flags() + "\n"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("isas: scalar"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("  linear BF16: "), std::string::npos) << cpu;
+  std::printf("%s", cpu.c_str());
+}
+
+}  // namespace
+}  // namespace klein
