@@ -7,13 +7,22 @@
 namespace klein {
 namespace {
 
-template <class T, float (*Conv)(T)>
-void plain_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
-  const T* p = static_cast<const T*>(w.data) + r * w.cols() + c0;
-  for (int64_t i = 0; i < n; ++i) out[i] = Conv(p[i]);
+// Element i of a T array at `p`, read through memcpy: a safetensors file whose header length is
+// not a multiple of the element size leaves the mapped data misaligned, and dereferencing a
+// misaligned uint16_t* is undefined behaviour (it traps under -fsanitize=alignment).
+template <class T>
+T load_at(const void* p, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(p) + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+  return v;
 }
 
-float f32_id(float v) { return v; }
+template <class T, float (*Conv)(T)>
+void plain_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const int64_t base = r * w.cols() + c0;
+  for (int64_t i = 0; i < n; ++i) out[i] = Conv(load_at<T>(w.data, base + i));
+}
+
 float u16_bf16(uint16_t v) { return bf16_to_f32(v); }
 float u16_f16(uint16_t v) { return f16_to_f32(v); }
 float u8_f8(uint8_t v) { return f8e4m3_to_f32(v); }
@@ -123,9 +132,9 @@ bool dtype_from_name(std::string_view s, DType* out) {
 
 float scale_at(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::kF16: return f16_to_f32(load_at<uint16_t>(p, i));
+    case DType::kBF16: return bf16_to_f32(load_at<uint16_t>(p, i));
+    default: return load_at<float>(p, i);
   }
 }
 

@@ -188,17 +188,12 @@ Result<Weight> WeightStore::get(const std::string& name, const Shape& expected) 
   if (!expected.empty() && e.shape != expected)
     return format_error(file_names_[e.file_index] + ": tensor '" + name + "' has shape " + shape_str(e.shape) +
                         " but the config implies " + shape_str(expected));
-  switch (e.dtype) {
-    case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kF8E4M3: break;
-    default:
-      return unsupported(file_names_[e.file_index] + ": tensor '" + name + "' has dtype " +
-                         std::string(dtype_name(e.dtype)) + ", which is not a weight type this engine computes with");
-  }
   Weight w;
   w.name = name;
   w.dtype = e.dtype;
   w.shape = e.shape;
   w.data = e.data;
+  w.nbytes = e.nbytes;
   return w;
 }
 

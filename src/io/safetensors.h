@@ -1,5 +1,11 @@
 // safetensors files through mmap, and sets of them (sharded checkpoints, diffusers folders).
 // Tensors are never copied: a Weight points into the mapping, which lives as long as the store.
+//
+// The store accepts every dtype of the format table; whether a tensor can be computed with is
+// decided when a model binds it (validate_weight), not here. Data pointers are
+// mapping + 8 + header length + offset, as the file says: a writer that does not pad the header
+// to 8 bytes leaves them misaligned, so readers of 2- and 4-byte elements must use unaligned
+// loads (memcpy, _mm*_loadu_*), never a dereferenced uint16_t* / float*.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +55,8 @@ class WeightStore {
   Status add_file(const std::filesystem::path& file);
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
-  // The named tensor as a Weight; with `expected` non-empty the shape must match exactly.
+  // The named tensor as stored (any dtype, companions not resolved: see SafetensorsSource),
+  // nbytes set; with `expected` non-empty the shape must match exactly.
   Result<Weight> get(const std::string& name, const Shape& expected = {}) const;
   const TensorEntry* entry(const std::string& name) const;
   std::vector<std::string> names() const;  // sorted

@@ -1,9 +1,9 @@
 // FLUX.2 transformer: config, weight loading and the pure helpers (ids, RoPE, timestep sinusoid).
 // The forward pass is in flux2_dit_forward.cpp.
 #include <cmath>
-#include <set>
 
 #include "io/json_file.h"
+#include "models/bind.h"
 #include "models/flux2_dit.h"
 
 namespace fs = std::filesystem;
@@ -145,32 +145,21 @@ Result<Flux2Config> Flux2Config::from_json(const nlohmann::json& j, const std::s
   return c;
 }
 
-Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
-  const fs::path cfg_path = dir / "config.json";
-  KLEIN_ASSIGN_OR_RETURN(auto j, read_json_file(cfg_path));
+Result<Flux2Transformer> Flux2Transformer::load(std::shared_ptr<const TensorSource> src,
+                                                const nlohmann::json& config, const std::string& config_where) {
   Flux2Transformer m;
-  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2Config::from_json(j, cfg_path.string()));
+  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2Config::from_json(config, config_where));
   const Flux2Config& c = m.cfg_;
-  KLEIN_ASSIGN_OR_RETURN(auto store, WeightStore::open(dir));
-  m.store_ = std::make_shared<WeightStore>(std::move(store));
-  const WeightStore& s = *m.store_;
+  m.source_ = std::move(src);
+  Binder bind(*m.source_);
+  auto get = [&](const std::string& name, const Shape& shape, Weight* out) {
+    return bind.required(name, shape, out);
+  };
+  auto get_vec = [&](const std::string& name, int64_t n, std::vector<float>* out) {
+    return bind.vector_f32(name, n, out);
+  };
 
   const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
-  std::set<std::string> used;
-  auto get = [&](const std::string& name, const Shape& shape, Weight* out) -> Status {
-    auto w = s.get(name, shape);
-    if (!w.ok()) return w.status();
-    *out = std::move(w).value();
-    used.insert(name);
-    return Status::Ok();
-  };
-  auto get_vec = [&](const std::string& name, int64_t n, std::vector<float>* out) -> Status {
-    Weight w;
-    KLEIN_RETURN_IF_ERROR(get(name, {n}, &w));
-    out->resize(n);
-    weight_to_f32(w, 0, n, out->data());
-    return Status::Ok();
-  };
 
   KLEIN_RETURN_IF_ERROR(get("x_embedder.weight", {D, c.in_channels}, &m.x_embedder_));
   KLEIN_RETURN_IF_ERROR(get("context_embedder.weight", {D, c.joint_attention_dim}, &m.context_embedder_));
@@ -220,14 +209,15 @@ Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
 
   // Anything left over means the file and config.json disagree (more blocks, biases, a guidance
   // embedder the config turned off, or another architecture).
-  for (const std::string& name : s.names()) {
-    if (used.count(name)) continue;
-    return format_error(s.file_of(name) + ": tensor '" + name + "' is not part of the model that " +
-                        cfg_path.string() + " describes (num_layers " + std::to_string(c.num_layers) +
-                        ", num_single_layers " + std::to_string(c.num_single_layers) + ", guidance_embeds " +
-                        (c.guidance_embeds ? "true" : "false") + ")");
-  }
+  KLEIN_RETURN_IF_ERROR(bind.finish(config_where + " (num_layers " + std::to_string(c.num_layers) +
+                                    ", num_single_layers " + std::to_string(c.num_single_layers) +
+                                    ", guidance_embeds " + (c.guidance_embeds ? "true" : "false") + ")"));
   return m;
+}
+
+Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
+  KLEIN_ASSIGN_OR_RETURN(auto f, open_component(dir));
+  return load(std::move(f.source), f.config, f.config_where);
 }
 
 }  // namespace klein

@@ -26,7 +26,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
-#include "io/safetensors.h"
+#include "io/tensor_source.h"
 
 namespace klein {
 
@@ -65,9 +65,12 @@ struct Flux2Config {
 
 class Flux2Transformer {
  public:
-  // Loads <dir>/config.json and the safetensors weights in <dir> (single file or sharded).
-  // Every tensor's shape is checked against the config; a tensor the config does not account for
-  // is an error too (e.g. more blocks in the file than num_layers says).
+  // Binds the transformer described by `config` (a diffusers transformer/config.json; `where`
+  // names it in messages) from `src`. Every tensor's shape is checked against the config; a tensor
+  // the config does not account for is an error too (e.g. more blocks than num_layers says).
+  static Result<Flux2Transformer> load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
+                                       const std::string& config_where);
+  // The same from <dir>/config.json and the safetensors weights in <dir> (single file or sharded).
   static Result<Flux2Transformer> load(const std::filesystem::path& dir);
 
   const Flux2Config& config() const { return cfg_; }
@@ -107,7 +110,7 @@ class Flux2Transformer {
   Status single_block(size_t i, Step& st, const RunContext& ctx) const;
 
   Flux2Config cfg_;
-  std::shared_ptr<WeightStore> store_;
+  std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive
   Weight x_embedder_, context_embedder_;
   Weight t_lin1_, t_lin2_, g_lin1_, g_lin2_;  // g_* only with guidance_embeds
   Weight mod_img_, mod_txt_, mod_single_, norm_out_, proj_out_;

@@ -12,6 +12,7 @@
 #include "io/json_file.h"
 #include "kernels/conv2d.h"
 #include "kernels/kernels.h"
+#include "models/bind.h"
 
 namespace fs = std::filesystem;
 
@@ -102,21 +103,14 @@ Result<Flux2VaeConfig> Flux2VaeConfig::from_json(const nlohmann::json& j, const 
 // ------------------------------------------------------------------------------------------
 namespace {
 
+// Binds the VAE's building blocks; shapes come from the config, checks from the Binder.
 struct Loader {
-  const WeightStore& s;
+  Binder& b;
 
   Result<Weight> get(const std::string& name, const Shape& shape) const {
-    KLEIN_ASSIGN_OR_RETURN(Weight w, s.get(name, shape));
-    switch (w.dtype) {
-      case DType::kF32:
-      case DType::kF16:
-      case DType::kBF16:
-      case DType::kF8E4M3:
-        return w;
-      default:
-        return unsupported(s.file_of(name) + ": tensor '" + name + "' has dtype " +
-                           std::string(dtype_name(w.dtype)) + " (expected a float type)");
-    }
+    Weight w;
+    KLEIN_RETURN_IF_ERROR(b.required(name, shape, &w));
+    return w;
   }
   Result<Flux2Vae::Conv> conv(const std::string& p, int64_t cout, int64_t cin, int64_t k) const {
     Flux2Vae::Conv c;
@@ -137,11 +131,9 @@ struct Loader {
     KLEIN_ASSIGN_OR_RETURN(r.conv1, conv(p + ".conv1", cout, cin, 3));
     KLEIN_ASSIGN_OR_RETURN(r.norm2, norm(p + ".norm2", cout));
     KLEIN_ASSIGN_OR_RETURN(r.conv2, conv(p + ".conv2", cout, cout, 3));
+    // With equal channels a shortcut in the file is left unbound: Binder::finish reports it.
     if (cin != cout) {
       KLEIN_ASSIGN_OR_RETURN(r.shortcut, conv(p + ".conv_shortcut", cout, cin, 1));
-    } else if (s.has(p + ".conv_shortcut.weight")) {
-      return format_error(s.file_of(p + ".conv_shortcut.weight") + ": unexpected tensor '" + p +
-                          ".conv_shortcut.weight' (the config gives this block equal in/out channels)");
     }
     return r;
   }
@@ -170,15 +162,14 @@ struct Loader {
 
 }  // namespace
 
-Result<Flux2Vae> Flux2Vae::load(const fs::path& dir) {
-  const fs::path cfg_path = dir / "config.json";
-  KLEIN_ASSIGN_OR_RETURN(auto j, read_json_file(cfg_path));
+Result<Flux2Vae> Flux2Vae::load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
+                                const std::string& config_where) {
   Flux2Vae m;
-  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2VaeConfig::from_json(j, cfg_path.string()));
+  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2VaeConfig::from_json(config, config_where));
   const auto& c = m.cfg_;
-  KLEIN_ASSIGN_OR_RETURN(auto store, WeightStore::open(dir));
-  m.store_ = std::make_shared<WeightStore>(std::move(store));
-  const Loader L{*m.store_};
+  m.source_ = std::move(src);
+  Binder bind(*m.source_);
+  const Loader L{bind};
   const auto& enc = c.block_out_channels;
   const auto& dec = c.decoder_block_out_channels;
   const size_t nb = enc.size();
@@ -236,15 +227,21 @@ Result<Flux2Vae> Flux2Vae::load(const fs::path& dir) {
   KLEIN_ASSIGN_OR_RETURN(m.dec_conv_out_, L.conv("decoder.conv_out", c.out_channels, ch, 3));
 
   // Latent batch norm over the patchified channels (only the running stats are used).
-  KLEIN_ASSIGN_OR_RETURN(auto bm, L.get("bn.running_mean", {c.patch_channels()}));
-  KLEIN_ASSIGN_OR_RETURN(auto bv, L.get("bn.running_var", {c.patch_channels()}));
-  m.bn_mean_ = weight_to_vector(bm);
-  m.bn_var_ = weight_to_vector(bv);
+  KLEIN_RETURN_IF_ERROR(bind.vector_f32("bn.running_mean", c.patch_channels(), &m.bn_mean_));
+  KLEIN_RETURN_IF_ERROR(bind.vector_f32("bn.running_var", c.patch_channels(), &m.bn_var_));
   for (size_t i = 0; i < m.bn_var_.size(); ++i)
     if (!std::isfinite(m.bn_mean_[i]) || !(m.bn_var_[i] >= 0) || !std::isfinite(m.bn_var_[i]))
-      return format_error(m.store_->file_of("bn.running_var") + ": bn.running_mean/var entry " +
+      return format_error(m.source_->file_of("bn.running_var") + ": bn.running_mean/var entry " +
                           std::to_string(i) + " is not finite or the variance is negative");
+  // BatchNorm2d's step counter (I64): training state, never computed with.
+  bind.ignore_prefix("bn.num_batches_tracked");
+  KLEIN_RETURN_IF_ERROR(bind.finish(config_where));
   return m;
+}
+
+Result<Flux2Vae> Flux2Vae::load(const fs::path& dir) {
+  KLEIN_ASSIGN_OR_RETURN(auto f, open_component(dir));
+  return load(std::move(f.source), f.config, f.config_where);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
-#include "io/safetensors.h"
+#include "io/tensor_source.h"
 #include "pipeline/latents.h"
 
 namespace klein {
@@ -51,7 +51,12 @@ struct Flux2VaeConfig {
 
 class Flux2Vae {
  public:
-  // Loads vae/ (config.json + safetensors) and checks every tensor's shape against the config.
+  // Binds the VAE described by `config` (a diffusers vae/config.json; `config_where` names it in
+  // messages) from `src`, checking every tensor's shape against the config; a tensor the config
+  // does not account for is an error (bn.num_batches_tracked, a counter, is ignored).
+  static Result<Flux2Vae> load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
+                               const std::string& config_where);
+  // The same from vae/ (config.json + safetensors).
   static Result<Flux2Vae> load(const std::filesystem::path& dir);
 
   const Flux2VaeConfig& config() const { return cfg_; }
@@ -123,7 +128,7 @@ class Flux2Vae {
   Result<Tensor> encode_one(Tensor x, const RunContext& ctx) const;
 
   Flux2VaeConfig cfg_;
-  std::shared_ptr<WeightStore> store_;
+  std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive
   // Encoder.
   Conv enc_conv_in_;
   std::vector<Block> enc_blocks_;

@@ -7,6 +7,7 @@
 #include "io/json_file.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
+#include "models/bind.h"
 
 namespace fs = std::filesystem;
 
@@ -50,42 +51,60 @@ Result<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& j, const std::s
   return c;
 }
 
-Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_needed) {
-  const fs::path cfg_path = dir / "config.json";
-  KLEIN_ASSIGN_OR_RETURN(auto j, read_json_file(cfg_path));
+Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
+                                        const std::string& config_where, int num_layers_needed) {
   Qwen3Encoder m;
-  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Qwen3Config::from_json(j, cfg_path.string()));
+  KLEIN_ASSIGN_OR_RETURN(m.cfg_, Qwen3Config::from_json(config, config_where));
   const auto& c = m.cfg_;
   if (num_layers_needed < 0 || num_layers_needed > c.num_layers)
-    return format_error(cfg_path.string() + ": the text encoder has " + std::to_string(c.num_layers) +
+    return format_error(config_where + ": the text encoder has " + std::to_string(c.num_layers) +
                         " layers, but " + std::to_string(num_layers_needed) + " are needed");
-  KLEIN_ASSIGN_OR_RETURN(auto store, WeightStore::open(dir));
-  m.store_ = std::make_shared<WeightStore>(std::move(store));
-  const WeightStore& s = *m.store_;
+  m.source_ = std::move(src);
+  Binder b(*m.source_);
   const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
-  KLEIN_ASSIGN_OR_RETURN(m.embed_, s.get("model.embed_tokens.weight", {c.vocab_size, H}));
+  KLEIN_RETURN_IF_ERROR(b.required("model.embed_tokens.weight", {c.vocab_size, H}, &m.embed_));
   for (int i = 0; i < num_layers_needed; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer L;
-    KLEIN_ASSIGN_OR_RETURN(L.input_norm, s.get(p + "input_layernorm.weight", {H}));
-    KLEIN_ASSIGN_OR_RETURN(L.q, s.get(p + "self_attn.q_proj.weight", {Dq, H}));
-    KLEIN_ASSIGN_OR_RETURN(L.k, s.get(p + "self_attn.k_proj.weight", {Dkv, H}));
-    KLEIN_ASSIGN_OR_RETURN(L.v, s.get(p + "self_attn.v_proj.weight", {Dkv, H}));
-    KLEIN_ASSIGN_OR_RETURN(L.q_norm, s.get(p + "self_attn.q_norm.weight", {c.head_dim}));
-    KLEIN_ASSIGN_OR_RETURN(L.k_norm, s.get(p + "self_attn.k_norm.weight", {c.head_dim}));
-    KLEIN_ASSIGN_OR_RETURN(L.o, s.get(p + "self_attn.o_proj.weight", {H, Dq}));
-    KLEIN_ASSIGN_OR_RETURN(L.post_norm, s.get(p + "post_attention_layernorm.weight", {H}));
-    KLEIN_ASSIGN_OR_RETURN(L.gate, s.get(p + "mlp.gate_proj.weight", {c.intermediate_size, H}));
-    KLEIN_ASSIGN_OR_RETURN(L.up, s.get(p + "mlp.up_proj.weight", {c.intermediate_size, H}));
-    KLEIN_ASSIGN_OR_RETURN(L.down, s.get(p + "mlp.down_proj.weight", {H, c.intermediate_size}));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "input_layernorm.weight", {H}, &L.input_norm));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_proj.weight", {Dq, H}, &L.q));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_proj.weight", {Dkv, H}, &L.k));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.v_proj.weight", {Dkv, H}, &L.v));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.o_proj.weight", {H, Dq}, &L.o));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "post_attention_layernorm.weight", {H}, &L.post_norm));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.gate_proj.weight", {c.intermediate_size, H}, &L.gate));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.up_proj.weight", {c.intermediate_size, H}, &L.up));
+    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.down_proj.weight", {H, c.intermediate_size}, &L.down));
     if (c.attention_bias) {
-      KLEIN_ASSIGN_OR_RETURN(L.q_bias, s.get(p + "self_attn.q_proj.bias", {Dq}));
-      KLEIN_ASSIGN_OR_RETURN(L.k_bias, s.get(p + "self_attn.k_proj.bias", {Dkv}));
-      KLEIN_ASSIGN_OR_RETURN(L.v_bias, s.get(p + "self_attn.v_proj.bias", {Dkv}));
+      // transformers' Qwen3Attention gives q/k/v and o_proj a bias when attention_bias is set.
+      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_proj.bias", {Dq}, &L.q_bias));
+      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_proj.bias", {Dkv}, &L.k_bias));
+      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.v_proj.bias", {Dkv}, &L.v_bias));
+      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.o_proj.bias", {H}, &L.o_bias));
     }
+    // Norm weights as float32 once here rather than on every encode() call.
+    L.input_norm_f32 = weight_to_vector(L.input_norm);
+    L.q_norm_f32 = weight_to_vector(L.q_norm);
+    L.k_norm_f32 = weight_to_vector(L.k_norm);
+    L.post_norm_f32 = weight_to_vector(L.post_norm);
     m.layers_.push_back(std::move(L));
   }
+  // Never read: the layers past the deepest tap, the final norm and the LM head (klein uses
+  // hidden states, not logits). Checkpoints may or may not carry them.
+  for (int64_t i = num_layers_needed; i < c.num_layers; ++i)
+    b.ignore_prefix("model.layers." + std::to_string(i) + ".");
+  b.ignore_prefix("model.norm.weight");
+  b.ignore_prefix("lm_head.weight");
+  KLEIN_RETURN_IF_ERROR(b.finish(config_where + " (num_hidden_layers " + std::to_string(c.num_layers) +
+                                 ", attention_bias " + (c.attention_bias ? "true" : "false") + ")"));
   return m;
+}
+
+Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_needed) {
+  KLEIN_ASSIGN_OR_RETURN(auto f, open_component(dir));
+  return load(std::move(f.source), f.config, f.config_where, num_layers_needed);
 }
 
 }  // namespace klein

@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
-#include "io/safetensors.h"
+#include "io/tensor_source.h"
 
 namespace klein {
 
@@ -34,8 +34,13 @@ struct Qwen3Config {
 
 class Qwen3Encoder {
  public:
-  // Loads the text encoder from a folder with config.json + safetensors, keeping layers
-  // [0, num_layers_needed). Weights stay memory-mapped in their stored dtype.
+  // Binds the text encoder's layers [0, num_layers_needed) from `src` (config: a transformers
+  // config.json, `config_where` names it in messages). Tensors of later layers, model.norm and
+  // lm_head are ignored; any other tensor the config does not account for is an error. Weights
+  // stay in the source's storage and format.
+  static Result<Qwen3Encoder> load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
+                                   const std::string& config_where, int num_layers_needed);
+  // The same from a folder with config.json + safetensors.
   static Result<Qwen3Encoder> load(const std::filesystem::path& dir, int num_layers_needed);
 
   const Qwen3Config& config() const { return cfg_; }
@@ -55,9 +60,11 @@ class Qwen3Encoder {
   struct Layer {
     Weight input_norm, q, k, v, q_norm, k_norm, o, post_norm, gate, up, down;
     Weight q_bias, k_bias, v_bias, o_bias;  // only with attention_bias
+    // The four norm weights above as float32, converted once at load.
+    std::vector<float> input_norm_f32, q_norm_f32, k_norm_f32, post_norm_f32;
   };
   Qwen3Config cfg_;
-  std::shared_ptr<WeightStore> store_;
+  std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive
   Weight embed_;
   std::vector<Layer> layers_;
 };

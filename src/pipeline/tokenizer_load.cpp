@@ -15,7 +15,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
-#include "pipeline/json_scan.h"
+#include "io/json_scan.h"
 #include "pipeline/tokenizer.h"
 #include "pipeline/tokenizer_impl.h"
 

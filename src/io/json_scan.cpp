@@ -1,4 +1,4 @@
-#include "pipeline/json_scan.h"
+#include "io/json_scan.h"
 
 #include <cstdio>
 #include <cstring>

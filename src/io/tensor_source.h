@@ -1,0 +1,72 @@
+// Where a model's tensors come from. A TensorSource maps logical tensor names (the diffusers /
+// transformers keys the models ask for) to Weights in any format of core/format.h. Quantized
+// weights stored as several tensors (an int8 matrix and its scales, MLX's packed words, scales
+// and biases) are resolved by the source into one Weight, so the models never see companions.
+//
+// SafetensorsSource is the only one today; a single-file checkpoint with a key-rename table or a
+// GGUF file implements the same interface. The source keeps its storage (mappings) alive for as
+// long as it lives; models hold it through a shared_ptr.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "core/weight.h"
+#include "io/safetensors.h"
+
+namespace klein {
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+
+  // Logical names: companion tensors (scales, biases of a quantized weight) are not listed.
+  virtual bool has(const std::string& name) const = 0;
+  // The named tensor with nbytes (and scales) set. Not validated for computing: a source hands
+  // out I64 buffers too; the binder refuses them where a weight is needed.
+  virtual Result<Weight> get(const std::string& name) const = 0;
+  virtual std::vector<std::string> names() const = 0;  // sorted
+  // The file holding `name`, for messages (the origin when unknown).
+  virtual std::string file_of(const std::string& name) const = 0;
+  // What was opened (a folder or a file), for messages.
+  virtual const std::string& origin() const = 0;
+  // Bytes of all stored tensors, companions included.
+  virtual size_t total_bytes() const = 0;
+};
+
+// One or several safetensors files (see WeightStore::open for the accepted paths). Resolves:
+//   X.weight I8 [rows, ...] + X.weight_scale [rows] or [rows, 1] (f32/f16/bf16) → Q8_ROW
+//   X.weight U32 [rows, cols/8] + X.scales + X.biases [rows, cols/64] (MLX 4-bit, group 64)
+//     → Q4_G64 [rows, cols]
+class SafetensorsSource final : public TensorSource {
+ public:
+  static Result<std::shared_ptr<SafetensorsSource>> open(const std::filesystem::path& path);
+  explicit SafetensorsSource(WeightStore store);
+
+  bool has(const std::string& name) const override;
+  Result<Weight> get(const std::string& name) const override;
+  std::vector<std::string> names() const override;
+  std::string file_of(const std::string& name) const override;
+  const std::string& origin() const override { return store_.origin(); }
+  size_t total_bytes() const override { return store_.total_bytes(); }
+
+  const WeightStore& store() const { return store_; }
+
+ private:
+  // Companions of a quantized weight (empty strings for a plain tensor).
+  struct Companions {
+    std::string scale, offset;
+  };
+  Result<Weight> resolve(const std::string& name, const Companions& c) const;
+
+  WeightStore store_;
+  std::unordered_map<std::string, Companions> quantized_;  // weight name → its companions
+  std::unordered_map<std::string, std::string> companion_of_;  // companion name → weight name
+};
+
+}  // namespace klein

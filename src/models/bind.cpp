@@ -1,0 +1,59 @@
+#include "models/bind.h"
+
+#include "io/json_file.h"
+
+namespace klein {
+
+Status Binder::required(const std::string& name, const Shape& expected, Weight* out) {
+  if (!src_.has(name)) return not_found(src_.origin() + ": tensor '" + name + "' is missing");
+  return optional(name, expected, out);
+}
+
+Status Binder::optional(const std::string& name, const Shape& expected, Weight* out) {
+  *out = Weight{};
+  // A model asking twice is a bug in its load(), not in the file.
+  if (!bound_.insert(name).second) return internal_error("tensor '" + name + "' is bound twice");
+  if (!src_.has(name)) return Status::Ok();
+  KLEIN_ASSIGN_OR_RETURN(Weight w, src_.get(name));
+  const std::string file = src_.file_of(name);
+  if (!expected.empty() && w.shape != expected)
+    return format_error(file + ": tensor '" + name + "' has shape " + shape_str(w.shape) +
+                        " but the config implies " + shape_str(expected));
+  if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
+  *out = std::move(w);
+  return Status::Ok();
+}
+
+Status Binder::vector_f32(const std::string& name, int64_t n, std::vector<float>* out) {
+  Weight w;
+  KLEIN_RETURN_IF_ERROR(required(name, {n}, &w));
+  *out = weight_to_vector(w);
+  return Status::Ok();
+}
+
+bool Binder::ignored(const std::string& name) const {
+  for (const std::string& p : ignored_)
+    if (name.starts_with(p)) return true;
+  return false;
+}
+
+Status Binder::finish(const std::string& described_by) const {
+  for (const std::string& name : src_.names()) {
+    if (bound_.count(name) || ignored(name)) continue;
+    return format_error(src_.file_of(name) + ": tensor '" + name + "' is not part of the model" +
+                        (described_by.empty() ? std::string() : " that " + described_by + " describes"));
+  }
+  return Status::Ok();
+}
+
+Result<ComponentFiles> open_component(const std::filesystem::path& dir) {
+  ComponentFiles f;
+  const std::filesystem::path cfg = dir / "config.json";
+  f.config_where = cfg.string();
+  KLEIN_ASSIGN_OR_RETURN(f.config, read_json_file(cfg));
+  KLEIN_ASSIGN_OR_RETURN(auto src, SafetensorsSource::open(dir));
+  f.source = std::move(src);
+  return f;
+}
+
+}  // namespace klein
