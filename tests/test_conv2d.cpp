@@ -249,9 +249,6 @@ TEST_P(Conv2d, RejectsMismatchedWeight) {
   EXPECT_THROW(kernels::run_conv2d(set, x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
                                    kernels::Conv2dParams::same(3), pool),
                std::invalid_argument);
-  EXPECT_THROW(kernels::conv2d(x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
-                               kernels::Conv2dParams::same(3), pool),
-               std::invalid_argument);
 }
 
 // Throughput of the VAE's dominant conv shape (3×3, 512 → 512 at 64×64, bf16 weights). Prints
@@ -265,10 +262,11 @@ TEST(Conv2dSpeed, Speed512) {
   std::vector<float> y(C * H * W);
   ThreadPool pool(2);
   const int reps = std::getenv("KLEIN_CONV_BENCH") ? 5 : 1;
-  kernels::conv2d(x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
+  const auto best = kernels::KernelSet::select(CpuFeatures::host());
+  kernels::run_conv2d(best, x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < reps; ++r)
-    kernels::conv2d(x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
+    kernels::run_conv2d(best, x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
   const double gflop = 2.0 * C * C * 9 * H * W / 1e9;
   std::printf("[ conv2d ] 3x3 512->512 @64x64, 2 threads: %.1f ms, %.1f GFLOP/s\n", s * 1e3, gflop / s);

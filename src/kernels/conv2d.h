@@ -46,12 +46,9 @@ struct Conv2dParams {
 // Output size along one axis: (in·(up ? 2 : 1) + pad_a + pad_b − k) / stride + 1 (≤ 0: empty).
 int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, bool upsample2x);
 
+// Arguments of the conv kernels (run_conv2d in kernels/registry.h validates them):
 // in: [N, Cin, H, W] contiguous; w: [Cout, Cin, kh, kw]; bias: [Cout] (f32/f16/bf16) or null;
 // out: [N, Cout, OH, OW] contiguous (sizes from conv2d_out_size). `out` must not overlap `in`.
-// Throws std::invalid_argument on inconsistent arguments (a programming error: models validate
-// user-controlled shapes before calling). Runs the process-wide selection (host_kernels()).
-void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
 
 namespace ref {
 // Scalar reference: materialises the transformed (upsampled, prologue-applied) input, then the

@@ -1,6 +1,5 @@
 // The validated entry points over a KernelSet (run_linear, run_attention): check and resolve
-// strides once here, then call the kernel the set chose for the weight's format. Also the
-// temporary free functions kernels::linear / attention over the process-wide selection.
+// strides once here, then call the kernel the set chose for the weight's format.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -49,17 +48,6 @@ void run_attention(const KernelSet& set, const float* q, const float* k, const f
   if (Sq <= 0 || D <= 0) return;
   set.get(Op::kAttention, DType::kF32).attention(q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, pool, ldq, ldk,
                                                   ldv, ldo);
-}
-
-void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
-            ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  run_linear(host_kernels(), x, M, K, W, bias, y, pool, ldx, ldy);
-}
-
-void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
-               int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
-               ThreadPool& pool, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
-  run_attention(host_kernels(), q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, pool, ldq, ldk, ldv, ldo);
 }
 
 }  // namespace klein::kernels

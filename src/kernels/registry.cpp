@@ -92,9 +92,4 @@ std::string KernelSet::describe() const {
   return s;
 }
 
-const KernelSet& host_kernels() {
-  static const KernelSet set = KernelSet::select(CpuFeatures::host());
-  return set;
-}
-
 }  // namespace klein::kernels

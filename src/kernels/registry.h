@@ -75,11 +75,6 @@ void run_attention(const KernelSet& set, const float* q, const float* k, const f
 void run_conv2d(const KernelSet& set, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W,
                 const Weight& w, const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool);
 
-// The best kernels for this CPU, selected once per process. Only for the free functions
-// kernels::linear / attention / conv2d that the models call until they move to the CPU backend,
-// which holds its own KernelSet.
-const KernelSet& host_kernels();
-
 // Multi-line report for `klein info --cpu`: CPU model (from /proc/cpuinfo when present), the
 // features found, the usable ISAs, and the kernel chosen per (op, format) in `set`.
 std::string describe_cpu(const KernelSet& set);

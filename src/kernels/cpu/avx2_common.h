@@ -121,11 +121,25 @@ inline __m256 load8_f32(const void* p, DType dt) {
   }
 }
 
+// Scalar loads go through memcpy: a safetensors header of odd length leaves 2- and 4-byte
+// elements misaligned, and a plain dereference of such a pointer is undefined behaviour.
 inline float load1_f32(const void* p, DType dt) {
   switch (dt) {
-    case DType::kBF16: return bf16_to_f32(*static_cast<const uint16_t*>(p));
-    case DType::kF16: return _cvtsh_ss(*static_cast<const uint16_t*>(p));
-    default: return *static_cast<const float*>(p);
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return bf16_to_f32(h);
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return _cvtsh_ss(h);
+    }
+    default: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
   }
 }
 

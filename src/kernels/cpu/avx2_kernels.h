@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/thread_pool.h"
 #include "kernels/kernels.h"
 
 namespace klein::kernels::avx2 {

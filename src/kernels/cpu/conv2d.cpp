@@ -56,11 +56,6 @@ void run_conv2d(const KernelSet& set, const float* in, int64_t N, int64_t Cin, i
   set.get(Op::kConv2d, w.dtype).conv2d(in, N, Cin, H, W, w, bias, out, d.OH, d.OW, p, pool);
 }
 
-void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
-  run_conv2d(host_kernels(), in, N, Cin, H, W, w, bias, out, p, pool);
-}
-
 namespace blocked {
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/thread_pool.h"
 #include "kernels/kernels.h"
 
 namespace klein::kernels::scalar {
