@@ -264,12 +264,5 @@ LatentStats Flux2Vae::latent_stats(LatentArith arith) const {
   return s;
 }
 
-Status Flux2Vae::normalize_latents(Tensor& z, LatentArith arith) const {
-  return klein::normalize_latents(z, latent_stats(arith), arith);
-}
-
-Status Flux2Vae::denormalize_latents(Tensor& z, LatentArith arith) const {
-  return klein::denormalize_latents(z, latent_stats(arith), arith);
-}
 
 }  // namespace klein

@@ -4,7 +4,7 @@
 //
 // Every dimension comes from vae/config.json; the weights stay memory-mapped in their stored
 // dtype. Activations are float32 NCHW, batch items are processed one at a time. The VAE's
-// GroupNorm (+ SiLU) steps are folded into the following conv (kernels::Conv2dParams prologue),
+// GroupNorm (+ SiLU) steps are folded into the following conv (the conv op's prologue),
 // nearest ×2 upsampling into the Upsample2D conv, and each ResNet block's residual add into its
 // second conv, so a block needs its input, one hidden tensor and (with a 1×1 shortcut) the
 // output — no full-size normalised copies.
@@ -21,7 +21,7 @@
 #include "core/tensor.h"
 #include "core/weight.h"
 #include "io/tensor_source.h"
-#include "pipeline/latents.h"
+#include "models/latent_stats.h"
 
 namespace klein {
 
@@ -79,9 +79,6 @@ class Flux2Vae {
   LatentStats latent_stats(LatentArith arith = LatentArith::kF32) const;
   const std::vector<float>& bn_mean() const { return bn_mean_; }
   const std::vector<float>& bn_var() const { return bn_var_; }
-  // Convenience wrappers of pipeline/latents.h with this VAE's statistics ([B, 128, h, w]).
-  Status normalize_latents(Tensor& z, LatentArith arith = LatentArith::kF32) const;
-  Status denormalize_latents(Tensor& z, LatentArith arith = LatentArith::kF32) const;
 
   // Building blocks (public so later code — tiled decoding — can drive them directly).
   struct Conv {

@@ -23,16 +23,15 @@ Status Qwen3Encoder::layer(int i, const TensorView& x, Buffers& b, const AttnMas
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   auto bias = [](const Weight& w) { return w.empty() ? nullptr : &w; };
-  // Norm weights are small: converted to f32 per layer (upload is a copy on the CPU).
-  auto norm_weight = [&](const Weight& w, Tensor& dst) -> Status {
-    const std::vector<float> v = weight_to_vector(w);
-    KLEIN_ASSIGN_OR_RETURN(dst, be.upload(v.data(), {static_cast<int64_t>(v.size())}, w.name));
+  // Norm weights (f32 since load) onto the device: a few KB per layer.
+  auto norm_weight = [&](const std::vector<float>& v, Tensor& dst) -> Status {
+    KLEIN_ASSIGN_OR_RETURN(dst, be.upload(v.data(), {static_cast<int64_t>(v.size())}, "a norm weight"));
     return Status::Ok();
   };
-  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.input_norm, b.nw_in));
-  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.post_norm, b.nw_post));
-  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.q_norm, b.nw_q));
-  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.k_norm, b.nw_k));
+  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.input_norm_f32, b.nw_in));
+  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.post_norm_f32, b.nw_post));
+  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.q_norm_f32, b.nw_q));
+  KLEIN_RETURN_IF_ERROR(norm_weight(Ly.k_norm_f32, b.nw_k));
 
   // Attention sub-block; q/k RMSNorm per head (rows of D), then RoPE.
   KLEIN_RETURN_IF_ERROR(be.rms_norm(x, b.h, b.nw_in, eps));
@@ -49,7 +48,7 @@ Status Qwen3Encoder::layer(int i, const TensorView& x, Buffers& b, const AttnMas
     ctx.dump(pfx + "v", b.v, {L, Hkv, D});
   }
   KLEIN_RETURN_IF_ERROR(be.attention(b.q, b.k, b.v, b.att, static_cast<int>(Hq), static_cast<int>(Hkv), scale, mask));
-  KLEIN_RETURN_IF_ERROR(be.linear(b.att, Ly.o, nullptr, b.tmp));
+  KLEIN_RETURN_IF_ERROR(be.linear(b.att, Ly.o, bias(Ly.o_bias), b.tmp));
   KLEIN_RETURN_IF_ERROR(be.add(x, b.tmp));
   ctx.dump(pfx + "attn_out", b.tmp, {1, L, H});
 

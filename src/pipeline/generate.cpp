@@ -173,7 +173,7 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
   Tensor image;
   {
     KLEIN_ASSIGN_OR_RETURN(auto vae, Flux2Vae::load(vdir.dir));
-    KLEIN_RETURN_IF_ERROR(vae.denormalize_latents(z));
+    KLEIN_RETURN_IF_ERROR(denormalize_latents(z, vae.latent_stats()));
     KLEIN_ASSIGN_OR_RETURN(Tensor zu, unpatchify(z));  // [1, 32, 2*th, 2*tw]: the VAE's input
     ctx.dump("latents_final", zu);
     KLEIN_ASSIGN_OR_RETURN(image, vae.decode(zu, ctx));

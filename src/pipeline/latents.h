@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "models/latent_stats.h"
 
 namespace klein {
 
@@ -24,18 +25,6 @@ Result<Tensor> unpatchify(const Tensor& z);
 Tensor pack_latents(const Tensor& z);
 Tensor unpack_latents(const Tensor& tokens, int64_t h, int64_t w);
 
-// Per-channel statistics of the patchified latent (128 channels for FLUX.2):
-// mean = bn.running_mean, std = sqrt(bn.running_var + batch_norm_eps).
-struct LatentStats {
-  std::vector<float> mean;
-  std::vector<float> std;
-};
-
-// How the pipeline's element-wise ops round.
-//   kF32:  a float32 pipeline: every op in float32.
-//   kBF16: a bfloat16 pipeline: the latent and the stats are bf16 and every op's result is
-//          rounded to bf16 (x − mean rounds, / std rounds; x · std rounds, + mean rounds).
-enum class LatentArith { kF32, kBF16 };
 
 // In place on [B, C, h, w] with C == stats size:  z = (z − mean) / std   (encode side).
 Status normalize_latents(Tensor& z, const LatentStats& stats, LatentArith arith = LatentArith::kF32);

@@ -27,7 +27,7 @@ Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("reference encoding"));
     KLEIN_ASSIGN_OR_RETURN(Tensor mean, vae.encode_mean(refs[i].pixels, ctx));  // [1, 32, H/8, W/8]
     KLEIN_ASSIGN_OR_RETURN(Tensor z, patchify(mean));                          // [1, 128, H/16, W/16]
-    KLEIN_RETURN_IF_ERROR(vae.normalize_latents(z));
+    KLEIN_RETURN_IF_ERROR(normalize_latents(z, vae.latent_stats()));
     C = z.dim(1);
     const int64_t h = z.dim(2), w = z.dim(3), n = h * w;
     Tensor t = pack_latents(z);  // [n, C]
