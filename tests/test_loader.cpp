@@ -6,6 +6,9 @@
 #include <fstream>
 #include <functional>
 
+#include <set>
+
+#include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
@@ -305,4 +308,51 @@ TEST(Loader, ModelsLoadFromASource) {
   auto vae = Flux2Vae::load(src, j, (dir / "config.json").string());
   ASSERT_TRUE(vae.ok()) << vae.status().to_string();
   EXPECT_EQ(vae->bn_mean().size(), static_cast<size_t>(vae->config().patch_channels()));
+}
+
+// for_each_weight visits every tensor a model bound exactly once: the walk that weight
+// preparation (Backend::prepare_weight), memory accounting and `klein info` rely on.
+TEST(Loader, ForEachWeightVisitsEveryBoundTensorOnce) {
+  const fs::path tiny = klein::testing::tiny_model_dir();
+  auto count = [](auto& model, std::set<std::string>* names) {
+    int64_t n = 0;
+    EXPECT_TRUE(model.for_each_weight([&](Weight& w) {
+                       if (w.empty()) return Status::Ok();
+                       ++n;
+                       EXPECT_TRUE(names->insert(w.name).second) << "visited twice: " << w.name;
+                       return Status::Ok();
+                     }).ok());
+    return n;
+  };
+  auto tensors_in = [](const fs::path& dir) {
+    auto s = WeightStore::open(dir);
+    EXPECT_TRUE(s.ok());
+    return s->names();
+  };
+  {
+    auto m = Flux2Transformer::load(tiny / "transformer");
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    std::set<std::string> seen;
+    int64_t files = 0;  // the q/k norm weights are f32 vectors since load, not Weights
+    for (const auto& n : tensors_in(tiny / "transformer")) files += n.find("attn.norm_") == std::string::npos;
+    EXPECT_EQ(count(*m, &seen), files);
+    CpuBackend be(CpuBackendOptions{1});
+    EXPECT_TRUE(m->prepare(be).ok());
+  }
+  {
+    auto m = Flux2Vae::load(tiny / "vae");
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    std::set<std::string> seen;
+    int64_t files = 0;
+    for (const auto& n : tensors_in(tiny / "vae")) files += n.rfind("bn.", 0) != 0;  // bn.*: f32 vectors
+    EXPECT_EQ(count(*m, &seen), files);
+  }
+  {
+    auto m = Qwen3Encoder::load(tiny / "text_encoder", 30);  // every layer of the tiny encoder
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    std::set<std::string> seen;
+    int64_t files = 0;
+    for (const auto& n : tensors_in(tiny / "text_encoder")) files += n != "model.norm.weight";
+    EXPECT_EQ(count(*m, &seen), files);
+  }
 }

@@ -220,4 +220,17 @@ Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
   return load(std::move(f.source), f.config, f.config_where);
 }
 
+Status Flux2Transformer::for_each_weight(const std::function<Status(Weight&)>& fn) {
+  for (Weight* w : {&x_embedder_, &context_embedder_, &t_lin1_, &t_lin2_, &g_lin1_, &g_lin2_, &mod_img_, &mod_txt_,
+                    &mod_single_, &norm_out_, &proj_out_})
+    KLEIN_RETURN_IF_ERROR(fn(*w));
+  for (DoubleBlock& b : double_)
+    for (Weight* w : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.add_q, &b.add_k, &b.add_v, &b.to_add_out, &b.ff_in,
+                      &b.ff_out, &b.ffc_in, &b.ffc_out})
+      KLEIN_RETURN_IF_ERROR(fn(*w));
+  for (SingleBlock& b : single_)
+    for (Weight* w : {&b.qkv_mlp, &b.to_out}) KLEIN_RETURN_IF_ERROR(fn(*w));
+  return Status::Ok();
+}
+
 }  // namespace klein

@@ -13,6 +13,8 @@
 //   norm_out (AdaLayerNormContinuous: scale first, then shift) on the image rows, proj_out.
 #pragma once
 
+#include <functional>
+
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -74,6 +76,13 @@ class Flux2Transformer {
   static Result<Flux2Transformer> load(const std::filesystem::path& dir);
 
   const Flux2Config& config() const { return cfg_; }
+  // Calls fn on every weight the model holds (empty optional ones included), stopping at the
+  // first error: weight preparation for a backend, memory accounting, `klein info`.
+  Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
+  Status prepare(Backend& be) {
+    return for_each_weight([&](Weight& w) { return w.empty() ? Status::Ok() : be.prepare_weight(w); });
+  }
 
   // One denoiser evaluation (batch 1).
   //   img:  [N, in_channels] (or [1, N, in_channels]) packed latent tokens

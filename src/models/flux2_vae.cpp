@@ -265,4 +265,45 @@ LatentStats Flux2Vae::latent_stats(LatentArith arith) const {
 }
 
 
+Status Flux2Vae::for_each_weight(const std::function<Status(Weight&)>& fn) {
+  auto conv = [&](Conv& c) -> Status {
+    KLEIN_RETURN_IF_ERROR(fn(c.w));
+    return fn(c.b);
+  };
+  auto norm = [&](Norm& n) -> Status {
+    KLEIN_RETURN_IF_ERROR(fn(n.w));
+    return fn(n.b);
+  };
+  auto resnet = [&](Resnet& r) -> Status {
+    KLEIN_RETURN_IF_ERROR(norm(r.norm1));
+    KLEIN_RETURN_IF_ERROR(norm(r.norm2));
+    KLEIN_RETURN_IF_ERROR(conv(r.conv1));
+    KLEIN_RETURN_IF_ERROR(conv(r.conv2));
+    return conv(r.shortcut);
+  };
+  auto mid = [&](Mid& m) -> Status {
+    KLEIN_RETURN_IF_ERROR(resnet(m.r0));
+    KLEIN_RETURN_IF_ERROR(resnet(m.r1));
+    KLEIN_RETURN_IF_ERROR(norm(m.attn.norm));
+    for (Weight* w : {&m.attn.q, &m.attn.qb, &m.attn.k, &m.attn.kb, &m.attn.v, &m.attn.vb, &m.attn.o, &m.attn.ob})
+      KLEIN_RETURN_IF_ERROR(fn(*w));
+    return Status::Ok();
+  };
+  auto blocks = [&](std::vector<Block>& bs) -> Status {
+    for (Block& b : bs) {
+      for (Resnet& r : b.resnets) KLEIN_RETURN_IF_ERROR(resnet(r));
+      KLEIN_RETURN_IF_ERROR(conv(b.sampler));
+    }
+    return Status::Ok();
+  };
+  for (Conv* c : {&enc_conv_in_, &enc_conv_out_, &quant_conv_, &post_quant_conv_, &dec_conv_in_, &dec_conv_out_})
+    KLEIN_RETURN_IF_ERROR(conv(*c));
+  KLEIN_RETURN_IF_ERROR(norm(enc_norm_out_));
+  KLEIN_RETURN_IF_ERROR(norm(dec_norm_out_));
+  KLEIN_RETURN_IF_ERROR(mid(enc_mid_));
+  KLEIN_RETURN_IF_ERROR(mid(dec_mid_));
+  KLEIN_RETURN_IF_ERROR(blocks(enc_blocks_));
+  return blocks(dec_blocks_);
+}
+
 }  // namespace klein

@@ -10,6 +10,8 @@
 // output — no full-size normalised copies.
 #pragma once
 
+#include <functional>
+
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -60,6 +62,13 @@ class Flux2Vae {
   static Result<Flux2Vae> load(const std::filesystem::path& dir);
 
   const Flux2VaeConfig& config() const { return cfg_; }
+  // Calls fn on every weight the model holds (empty optional ones included), stopping at the
+  // first error: weight preparation for a backend, memory accounting, `klein info`.
+  Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
+  Status prepare(Backend& be) {
+    return for_each_weight([&](Weight& w) { return w.empty() ? Status::Ok() : be.prepare_weight(w); });
+  }
 
   // z: [B, latent_channels, h, w] (the unpatchified, de-normalised latent) → image
   // [B, out_channels, 8h, 8w] in about [-1, 1], float32 (no clamping; the caller post-processes).

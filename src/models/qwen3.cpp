@@ -107,4 +107,13 @@ Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_need
   return load(std::move(f.source), f.config, f.config_where, num_layers_needed);
 }
 
+Status Qwen3Encoder::for_each_weight(const std::function<Status(Weight&)>& fn) {
+  KLEIN_RETURN_IF_ERROR(fn(embed_));
+  for (Layer& L : layers_)
+    for (Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
+                      &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+      KLEIN_RETURN_IF_ERROR(fn(*w));
+  return Status::Ok();
+}
+
 }  // namespace klein

@@ -4,6 +4,8 @@
 // LM head are never touched.
 #pragma once
 
+#include <functional>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -44,6 +46,13 @@ class Qwen3Encoder {
   static Result<Qwen3Encoder> load(const std::filesystem::path& dir, int num_layers_needed);
 
   const Qwen3Config& config() const { return cfg_; }
+  // Calls fn on every weight the model holds (empty optional ones included), stopping at the
+  // first error: weight preparation for a backend, memory accounting, `klein info`.
+  Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
+  Status prepare(Backend& be) {
+    return for_each_weight([&](Weight& w) { return w.empty() ? Status::Ok() : be.prepare_weight(w); });
+  }
   int loaded_layers() const { return static_cast<int>(layers_.size()); }
 
   // ids/mask: [L]. Returns [L, taps.size() * hidden]: per token, the hidden states
