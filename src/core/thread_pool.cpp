@@ -1,6 +1,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace klein {
 
@@ -30,9 +31,15 @@ void ThreadPool::worker(int index) {
       seen = generation_;
       job = job_;
     }
-    (*job)(index, n_threads_);
+    std::exception_ptr err;
+    try {
+      (*job)(index, n_threads_);
+    } catch (...) {
+      err = std::current_exception();
+    }
     {
       std::lock_guard<std::mutex> lk(mu_);
+      if (err && !error_) error_ = err;
       if (--pending_ == 0) done_cv_.notify_one();
     }
   }
@@ -50,10 +57,21 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     ++generation_;
   }
   start_cv_.notify_all();
-  fn(0, n_threads_);
+  // The caller's share may throw too: the workers still use `fn`, so wait for them before the
+  // exception unwinds the caller's frame.
+  std::exception_ptr err;
+  try {
+    fn(0, n_threads_);
+  } catch (...) {
+    err = std::current_exception();
+  }
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] { return pending_ == 0; });
   job_ = nullptr;
+  if (!err) err = error_;
+  error_ = nullptr;
+  lk.unlock();
+  if (err) std::rethrow_exception(err);
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -20,7 +21,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
-  // Calls fn(thread_index, n_threads) once on each of the pool's threads and waits for all.
+  // Calls fn(thread_index, n_threads) once on each of the pool's threads and waits for all. An
+  // exception thrown by any share is rethrown here, in the caller, after every share finished
+  // (the first one wins); the pool stays usable.
   void run(const std::function<void(int, int)>& fn);
   // Splits [0, n) into contiguous chunks of at least `grain` items, one call fn(begin, end) per
   // chunk, spread over the threads; waits for all.
@@ -37,6 +40,7 @@ class ThreadPool {
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
+  std::exception_ptr error_;  // first exception of a worker's share in the current run
 };
 
 }  // namespace klein
