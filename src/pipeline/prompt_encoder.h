@@ -9,11 +9,15 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/model_folder.h"
+#include "models/qwen3.h"
+#include "pipeline/tokenizer.h"
 
 namespace klein {
 
 inline constexpr int kKleinMaxSequenceLength = 512;
 inline const std::vector<int> kKleinTextTaps = {9, 18, 27};
+// Layers the text encoder needs: the deepest tap (27); later layers are never loaded.
+inline constexpr int kKleinTextLayersNeeded = 27;
 
 struct PromptEncoding {
   Tensor embeds;                 // [1, max_length, 3 * hidden]
@@ -22,6 +26,11 @@ struct PromptEncoding {
   int num_real_tokens = 0;
   int untruncated_length = 0;
 };
+
+// Tokenizes and encodes with an already loaded tokenizer and text encoder. Dumps "prompt_embeds".
+Result<PromptEncoding> encode_prompt(const Tokenizer& tokenizer, const Qwen3Encoder& encoder,
+                                     const std::string& prompt, const RunContext& ctx,
+                                     int max_length = kKleinMaxSequenceLength);
 
 // Loads the tokenizer and the text encoder from `model`, encodes, and releases the encoder's
 // weights before returning (so the next component loads into the freed memory).
