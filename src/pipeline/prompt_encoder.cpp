@@ -21,17 +21,4 @@ Result<PromptEncoding> encode_prompt(const Tokenizer& tok, const Qwen3Encoder& e
   return r;
 }
 
-Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string& prompt, const RunContext& ctx,
-                                     int max_length) {
-  if (max_length <= 0) return invalid_argument("max sequence length must be positive");
-  KLEIN_ASSIGN_OR_RETURN(auto tok_dir, model.component("tokenizer"));
-  KLEIN_ASSIGN_OR_RETURN(auto te_dir, model.component("text_encoder"));
-  if (te_dir.class_name != "Qwen3ForCausalLM" && te_dir.class_name != "Qwen3Model")
-    return unsupported((model.root() / "model_index.json").string() + ": text_encoder class \"" +
-                       te_dir.class_name + "\" (klein uses Qwen3ForCausalLM)");
-  KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
-  KLEIN_ASSIGN_OR_RETURN(auto enc, Qwen3Encoder::load(te_dir.dir, kKleinTextLayersNeeded));
-  return encode_prompt(tok, enc, prompt, ctx, max_length);  // `enc` is released on return
-}
-
 }  // namespace klein

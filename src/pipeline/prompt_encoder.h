@@ -8,7 +8,6 @@
 #include "core/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/model_folder.h"
 #include "models/qwen3.h"
 #include "pipeline/tokenizer.h"
 
@@ -27,15 +26,10 @@ struct PromptEncoding {
   int untruncated_length = 0;
 };
 
-// Tokenizes and encodes with an already loaded tokenizer and text encoder. Dumps "prompt_embeds".
+// Tokenizes and encodes with a loaded tokenizer and text encoder (loading is the caller's: see
+// src/api/components.h). Dumps "prompt_embeds".
 Result<PromptEncoding> encode_prompt(const Tokenizer& tokenizer, const Qwen3Encoder& encoder,
                                      const std::string& prompt, const RunContext& ctx,
-                                     int max_length = kKleinMaxSequenceLength);
-
-// Loads the tokenizer and the text encoder from `model`, encodes, and releases the encoder's
-// weights before returning (so the next component loads into the freed memory).
-Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string& prompt,
-                                     const RunContext& ctx,
                                      int max_length = kKleinMaxSequenceLength);
 
 }  // namespace klein
