@@ -104,12 +104,13 @@ TEST(ImageReader, ManifestIsThere) {
 TEST(ImageReader, DecodesEveryFixtureLikePillow) {
   for (const json& e : manifest()["good"]) {
     SCOPED_TRACE(e["name"].get<std::string>());
-    auto img = read_image(data_path(e["file"]));
+    klein::ImageSource source;
+    auto img = read_image(data_path(e["file"]), {}, &source);
     ASSERT_TRUE(img.ok()) << img.status().to_string();
     const json& d = e["decoded"];
     EXPECT_EQ(img->height, d["shape"][0].get<int>());
     EXPECT_EQ(img->width, d["shape"][1].get<int>());
-    EXPECT_EQ(img->source_mode, e["pil_mode"].get<std::string>());
+    EXPECT_EQ(source.mode, e["pil_mode"].get<std::string>());
     if (img->height != d["shape"][0].get<int>() || img->width != d["shape"][1].get<int>()) continue;
     const uint32_t got = crc32(img->rgb.data(), img->rgb.size());
     EXPECT_EQ(got, d["crc32"].get<uint32_t>()) << describe_mismatch(img->rgb, img->width, img->height, d);

@@ -70,7 +70,11 @@ TEST_P(TextEncoderRef, MatchesDiffusersEncodePrompt) {
   CpuBackend pool(CpuBackendOptions{2});
   RunContext ctx;
   ctx.backend = &pool;
-  auto enc = encode_prompt(*model, prompt_of(name), ctx);
+  auto tok = Tokenizer::load(model->root() / "tokenizer");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto te = Qwen3Encoder::load(model->root() / "text_encoder", kKleinTextLayersNeeded);
+  ASSERT_TRUE(te.ok()) << te.status().to_string();
+  auto enc = encode_prompt(*tok, *te, prompt_of(name), ctx);
   ASSERT_TRUE(enc.ok()) << enc.status().to_string();
 
   auto ids = read_npy(dir / "input_ids.npy");

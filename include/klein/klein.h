@@ -1,16 +1,25 @@
-// klein.cpp public API: FLUX.2 [klein] text-to-image and reference-image editing.
+// klein.cpp public C++ API: FLUX.2 [klein] text-to-image and reference-image editing.
 //
-// Every call returns a Status (or Result<T>) instead of throwing or aborting; messages are one
-// line naming the file, tensor or option at fault. Components are loaded one at a time and
-// released after use, so peak memory is that of the largest component plus activations.
+// Two ways in:
+//   * klein::Model — open a diffusers folder once (configs, scheduler and tokenizer parsed once;
+//     with MemoryPolicy::kResident the weights mapped once too) and run any number of requests,
+//     whole (generate) or phase by phase (encode_prompt, encode_references, denoise, decode).
+//   * klein::generate(GenerateOptions) — one-shot convenience: opens, runs, closes.
+//
+// Every call returns a Status (or Result<T>); no exception ever leaves the library (an
+// allocation failure is Code::kOutOfMemory, any other escaped exception Code::kInternal).
+// Messages are one line naming the file, tensor or option at fault. Public value types hold
+// plain std::vector data; no engine-internal type appears here.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "klein/export.h"
 #include "klein/status.h"
 
 namespace klein {
@@ -22,6 +31,172 @@ struct Image {
   std::vector<uint8_t> rgb;
 };
 
+// A dense float32 array, row-major (C order).
+struct FloatArray {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+// encode_prompt's result: prompt_embeds [1, max_length, 3 * hidden] plus the tokens behind it.
+struct PromptEmbeddings : FloatArray {
+  std::vector<int32_t> ids, mask;  // max_length each
+  int num_real_tokens = 0;         // tokens before the padding
+  int untruncated_length = 0;      // tokens the templated prompt had before truncation
+};
+
+// encode_references' result: per reference image, its VAE latent mean, patchified and
+// batch-norm normalised, [1, 128, H/16, W/16] (H, W: the preprocessed image size).
+struct ReferenceLatents {
+  std::vector<FloatArray> latents;
+  std::vector<std::string> paths;
+  bool empty() const { return latents.empty(); }
+};
+
+// denoise's result: the final latents [1, 128, H/16, W/16] in the transformer's normalised space.
+struct Latents : FloatArray {};
+
+enum class MemoryPolicy {
+  kLow,       // one component resident at a time, loaded for its phase and released after (default)
+  kResident,  // text encoder, transformer and VAE mapped once at open and kept for every request
+};
+
+struct LoadOptions {
+  int threads = 0;                       // worker threads; 0: all cores
+  MemoryPolicy memory = MemoryPolicy::kLow;
+  std::string isa;                       // "": the best this CPU has; else a ceiling: "scalar", "avx2", ...
+};
+
+// Caller hooks. All are optional and called on the calling thread.
+struct Callbacks {
+  // Phase ("tokenize", "encode", "vae encode", "load transformer", "denoise", "decode"), done, total.
+  std::function<void(const std::string& phase, int done, int total)> progress;
+  // Polled between layers and steps; returning true stops the call with Code::kCancelled.
+  std::function<bool()> cancel;
+  // Warnings and notes (e.g. a size floored to a multiple of 16).
+  std::function<void(const std::string&)> log;
+  // An intermediate image after a denoising step. Called only where previews exist; this
+  // version produces none yet (a latent-to-RGB preview decoder is future work).
+  std::function<void(int step, int total, const Image& preview)> preview;
+};
+
+// Named intermediates written as .npy for debugging (README "Correctness"); empty dir: none.
+struct DumpOptions {
+  std::string dir;
+  std::string filter;  // comma-separated name parts; empty: all
+};
+
+struct EncodeOptions {
+  int max_length = 512;  // klein's text sequence length
+  DumpOptions dump;
+};
+
+struct DenoiseParams {
+  int width = 0;    // 0: the first reference's width, else 1024; floored to a multiple of 16
+  int height = 0;   // 0: the first reference's height, else 1024; floored to a multiple of 16
+  int steps = 0;    // 0: 4 (distilled models)
+  uint64_t seed = 0;
+  bool bf16_noise = false;   // draw the noise as torch does for a bfloat16 pipeline
+  FloatArray noise;          // if not empty: the initial noise [1, 128, H/16, W/16] instead of `seed`
+  std::string noise_name;    // names `noise` in error messages (e.g. its .npy path)
+  DumpOptions dump;
+};
+
+struct GenerateRequest {
+  std::string prompt;
+  int width = 0, height = 0, steps = 0;  // as DenoiseParams
+  uint64_t seed = 0;
+  std::string noise_npy;     // if set: initial noise (1, 128, H/16, W/16) from this .npy
+  bool bf16_noise = false;
+  std::vector<std::string> reference_images;  // editing: 1..N image files (PNG/JPEG/WebP)
+  DumpOptions dump;
+};
+
+struct GenerateResult {
+  Image image;
+  int width = 0, height = 0, steps = 0;
+  // Parameters worth recording with the image (prompt, seed, steps, size, model, version).
+  std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+struct TokenizeResult {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> mask;  // only with a max_length
+};
+
+// What `klein info` prints: a model folder's components, configs and weights.
+struct ComponentSummary {
+  std::string name, class_name, library, dir;
+  std::string error;  // non-empty: missing or unreadable (the rest may be partial)
+  std::vector<std::pair<std::string, std::string>> config;  // scalar / short numeric config entries, JSON text
+  bool has_weights = false;
+  size_t files = 0, tensors = 0;
+  double parameters = 0;
+  uint64_t bytes = 0;
+  struct DTypeShare {
+    std::string dtype;  // "BF16", "F32", ...
+    double parameters = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<DTypeShare> by_dtype;
+};
+
+struct ModelInfo {
+  std::string path, pipeline_class;
+  bool distilled = false;
+  std::vector<ComponentSummary> components;  // by name
+  int errors = 0;                         // components with a non-empty error
+};
+
+// A FLUX.2 [klein] pipeline opened from a diffusers folder. Calls on one Model are serialised
+// (a second thread waits); use one Model per thread for parallel requests.
+class KLEIN_API Model {
+ public:
+  // Parses model_index.json, every component config, the scheduler config and the tokenizer
+  // once; with MemoryPolicy::kResident also maps the text encoder, transformer and VAE.
+  static Result<std::unique_ptr<Model>> open(const std::string& path, const LoadOptions& options = {});
+  // Only the tokenizer: `path` is a pipeline folder (its tokenizer/ is used) or a folder with
+  // tokenizer.json (or vocab.json + merges.txt). Every call but tokenize() then fails.
+  static Result<std::unique_ptr<Model>> open_tokenizer(const std::string& path);
+  // Describes a folder without loading it; broken components are reported, not fatal. Reads the
+  // configs and the safetensors headers.
+  static Result<ModelInfo> inspect(const std::string& path);
+
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // The whole pipeline: encode_prompt, encode_references, denoise, decode. References are read
+  // and checked before any model work. With kLow the VAE is mapped once per request (it encodes
+  // the references and decodes the result); with kResident no file is opened besides the
+  // request's own inputs (reference images, noise) and dumps.
+  Result<GenerateResult> generate(const GenerateRequest& request, const Callbacks& callbacks = {});
+
+  Result<PromptEmbeddings> encode_prompt(const std::string& prompt, const EncodeOptions& options = {},
+                                         const Callbacks& callbacks = {});
+  Result<ReferenceLatents> encode_references(const std::vector<std::string>& paths, const Callbacks& callbacks = {},
+                                             const DumpOptions& dump = {});
+  // progress("denoise", step, steps) after each step; the result is finite or an error.
+  Result<Latents> denoise(const PromptEmbeddings& prompt, const ReferenceLatents& references,
+                          const DenoiseParams& params, const Callbacks& callbacks = {});
+  Result<Image> decode(const Latents& latents, const Callbacks& callbacks = {}, const DumpOptions& dump = {});
+
+  // Token ids of `text` (optionally wrapped in the klein chat template); max_length > 0
+  // truncates/pads to that length and fills the mask.
+  Result<TokenizeResult> tokenize(const std::string& text, bool chat_template = false, int max_length = 0) const;
+  // Reads the safetensors headers (file I/O) for parameter counts and sizes.
+  Result<ModelInfo> info() const;
+  const LoadOptions& load_options() const;
+
+  struct Impl;
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot options (the pre-Model API, kept for callers that run a single request).
 struct GenerateOptions {
   std::string model_dir;        // diffusers folder with model_index.json
   std::string prompt;
@@ -36,29 +211,25 @@ struct GenerateOptions {
   std::string dump_dir;         // if set: named intermediates as .npy
   std::string dump_filter;      // comma-separated name parts to dump (empty: all)
 
-  // Phase ("encode", "denoise", "decode", ...), units done, units total.
   std::function<void(const std::string&, int, int)> on_progress;
-  // Polled between layers and steps; true cancels with Code::kCancelled.
   std::function<bool()> should_cancel;
-  // Warnings and notes (e.g. a size floored to a multiple of 16).
   std::function<void(const std::string&)> on_log;
 };
 
-struct GenerateResult {
-  Image image;
-  int width = 0, height = 0, steps = 0;
-  // Parameters worth recording with the image (prompt, seed, steps, size, model, version).
-  std::vector<std::pair<std::string, std::string>> metadata;
-};
-
-// Runs the whole pipeline. The result image is only returned if it is finite (never a NaN image).
-Result<GenerateResult> generate(const GenerateOptions& options);
+// Model::open(model_dir, {threads, kLow}) then Model::generate. The result image is only
+// returned if it is finite (never a NaN image).
+KLEIN_API Result<GenerateResult> generate(const GenerateOptions& options);
 
 // Writes `image` as PNG atomically (temporary file + rename), with text metadata chunks.
-Status save_png(const std::string& path, const Image& image,
-                const std::vector<std::pair<std::string, std::string>>& metadata = {});
+KLEIN_API Status save_png(const std::string& path, const Image& image,
+                          const std::vector<std::pair<std::string, std::string>>& metadata = {});
+
+// A report on this CPU: model name, the instruction-set features found, the ISAs usable, and the
+// kernel chosen for each (op, weight format) — with the best ISA, or under the ceiling `isa`
+// ("scalar", "avx2", ...; the names of LoadOptions::isa).
+KLEIN_API Result<std::string> cpu_info(const std::string& isa = "");
 
 // "0.1.0"
-const char* version();
+KLEIN_API const char* version();
 
 }  // namespace klein

@@ -6,6 +6,8 @@
 #include <utility>
 #include <variant>
 
+#include "klein/export.h"
+
 namespace klein {
 
 enum class Code {
@@ -20,9 +22,9 @@ enum class Code {
   kInternal,         // a bug: an invariant of our own broke
 };
 
-const char* code_name(Code c);
+KLEIN_API const char* code_name(Code c);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] KLEIN_API Status {
  public:
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}

@@ -717,8 +717,8 @@ ImageFormat sniff_image_format(const uint8_t* p, size_t n) {
   return ImageFormat::kUnknown;
 }
 
-Result<RgbImage> decode_image(const uint8_t* data, size_t size, const std::string& name,
-                              const ImageReadOptions& opts) {
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& name,
+                           const ImageReadOptions& opts, ImageSource* source) {
   if (size == 0) return format_error(name + ": empty file, not an image");
   Result<Decoded> r = Status();
   switch (sniff_image_format(data, size)) {
@@ -734,16 +734,18 @@ Result<RgbImage> decode_image(const uint8_t* data, size_t size, const std::strin
   Decoded d = std::move(r).value();
   const int o = orientation_of(d.meta);
   apply_orientation(d, o);
-  RgbImage img;
+  Image img;
   img.width = d.width;
   img.height = d.height;
   img.rgb = std::move(d.rgb);
-  img.source_mode = std::move(d.mode);
-  img.orientation = (o >= 2 && o <= 8) ? o : 1;
+  if (source) {
+    source->mode = std::move(d.mode);
+    source->orientation = (o >= 2 && o <= 8) ? o : 1;
+  }
   return img;
 }
 
-Result<RgbImage> read_image(const std::filesystem::path& path, const ImageReadOptions& opts) {
+Result<Image> read_image(const std::filesystem::path& path, const ImageReadOptions& opts, ImageSource* source) {
   const std::string name = path.string();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return not_found(name + ": no such file");
@@ -758,7 +760,7 @@ Result<RgbImage> read_image(const std::filesystem::path& path, const ImageReadOp
   std::vector<uint8_t> bytes(static_cast<size_t>(fsize));
   if (fsize > 0 && !f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(fsize)))
     return io_error(name + ": read failed");
-  return decode_image(bytes.data(), bytes.size(), name, opts);
+  return decode_image(bytes.data(), bytes.size(), name, opts, source);
 }
 
 }  // namespace klein

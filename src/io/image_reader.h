@@ -28,18 +28,17 @@
 #include <vector>
 
 #include "core/status.h"
+#include "klein/klein.h"
 
 namespace klein {
 
-struct RgbImage {
-  int width = 0;
-  int height = 0;
-  std::vector<uint8_t> rgb;  // height * width * 3 bytes, row-major, R G B
-  // Diagnostics: Pillow's mode for the file as opened ("RGB", "RGBA", "L", "LA", "1", "P",
-  // "I;16", "CMYK") and the EXIF orientation that was applied (1 = none).
-  std::string source_mode;
-  int orientation = 1;
-  const uint8_t* pixel(int x, int y) const { return rgb.data() + (static_cast<size_t>(y) * width + x) * 3; }
+// Decoded pixels are a klein::Image (include/klein/klein.h): width, height, rgb.
+
+// Diagnostics about the file an Image came from, filled on request beside the pixels.
+struct ImageSource {
+  // Pillow's mode for the file as opened ("RGB", "RGBA", "L", "LA", "1", "P", "I;16", "CMYK").
+  std::string mode;
+  int orientation = 1;  // the EXIF orientation that was applied (1 = none)
 };
 
 struct ImageReadOptions {
@@ -55,9 +54,11 @@ enum class ImageFormat { kUnknown, kPng, kJpeg, kWebp };
 ImageFormat sniff_image_format(const uint8_t* data, size_t size);
 
 // Reads and decodes `path`. Errors are one line starting with the path.
-Result<RgbImage> read_image(const std::filesystem::path& path, const ImageReadOptions& opts = {});
+// `source`, if given, receives the file's diagnostics.
+Result<Image> read_image(const std::filesystem::path& path, const ImageReadOptions& opts = {},
+                         ImageSource* source = nullptr);
 // The same from memory; `name` is used in error messages.
-Result<RgbImage> decode_image(const uint8_t* data, size_t size, const std::string& name,
-                              const ImageReadOptions& opts = {});
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& name,
+                           const ImageReadOptions& opts = {}, ImageSource* source = nullptr);
 
 }  // namespace klein

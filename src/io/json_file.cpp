@@ -3,9 +3,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/file_counter.h"
+
 namespace klein {
 
 Result<nlohmann::json> read_json_file(const std::filesystem::path& path) {
+  note_file_opened(path.string());
   std::ifstream f(path, std::ios::binary);
   if (!f) return not_found(path.string() + ": cannot open");
   std::stringstream ss;

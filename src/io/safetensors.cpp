@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/file_counter.h"
 #include "io/json_file.h"
 
 namespace fs = std::filesystem;
@@ -20,6 +21,7 @@ namespace klein {
 
 Result<std::shared_ptr<MappedFile>> MappedFile::open(const fs::path& path) {
   const std::string p = path.string();
+  note_file_opened(p);
   int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return not_found(p + ": no such file");

@@ -88,10 +88,8 @@ Coeffs precompute_coeffs(int in_size, int out_size) {
 
 }  // namespace
 
-RgbImage resize_lanczos(const RgbImage& in, int width, int height) {
-  RgbImage out;
-  out.source_mode = in.source_mode;
-  out.orientation = in.orientation;
+Image resize_lanczos(const Image& in, int width, int height) {
+  Image out;
   if (width == in.width && height == in.height) {  // Image.resize returns a copy
     out.width = in.width;
     out.height = in.height;
@@ -205,7 +203,7 @@ Result<ReferenceGeometry> plan_reference(int width, int height, const std::strin
   return g;
 }
 
-Result<Tensor> preprocess_reference(const RgbImage& image, const std::string& name,
+Result<Tensor> preprocess_reference(const Image& image, const std::string& name,
                                     ReferenceGeometry* geometry) {
   if (image.width <= 0 || image.height <= 0 ||
       image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
@@ -213,8 +211,8 @@ Result<Tensor> preprocess_reference(const RgbImage& image, const std::string& na
                             std::to_string(image.height) + ", " + std::to_string(image.rgb.size()) + " bytes)");
   KLEIN_ASSIGN_OR_RETURN(ReferenceGeometry g, plan_reference(image.width, image.height, name));
   if (geometry) *geometry = g;
-  RgbImage resized;
-  const RgbImage* src = &image;
+  Image resized;
+  const Image* src = &image;
   if (g.resized) {
     resized = resize_lanczos(image, g.resized_width, g.resized_height);
     src = &resized;

@@ -40,14 +40,14 @@ Result<ReferenceGeometry> plan_reference(int width, int height, const std::strin
 
 // Steps 1-4: the float32 [1, 3, H, W] tensor in [-1, 1] that the pipeline hands to the VAE.
 // If `geometry` is given it receives the plan.
-Result<Tensor> preprocess_reference(const RgbImage& image, const std::string& name,
+Result<Tensor> preprocess_reference(const Image& image, const std::string& name,
                                     ReferenceGeometry* geometry = nullptr);
 
 // Pillow's Image.resize(size, Resampling.LANCZOS) for an 8-bit RGB image (reducing_gap None,
 // box the whole image): ImagingResample with Lanczos a=3, double coefficients normalised per
 // output pixel, then 22-bit fixed point (PRECISION_BITS = 32-8-2), horizontal pass then vertical
 // pass, each only when that dimension changes. Bit-exact with Pillow 13 (same libm sin()).
-RgbImage resize_lanczos(const RgbImage& image, int width, int height);
+Image resize_lanczos(const Image& image, int width, int height);
 
 // Step 5: the output (width, height) from the optional user values and the planned references
 // (a value <= 0 counts as absent, like Python's `height or ...`); without references or values,

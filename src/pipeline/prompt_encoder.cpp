@@ -1,28 +1,14 @@
 #include "pipeline/prompt_encoder.h"
 
-#include <algorithm>
-
-#include "models/qwen3.h"
-#include "pipeline/tokenizer.h"
-
 namespace klein {
 
-Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string& prompt,
+Result<PromptEncoding> encode_prompt(const Tokenizer& tok, const Qwen3Encoder& enc, const std::string& prompt,
                                      const RunContext& ctx, int max_length) {
   if (max_length <= 0) return invalid_argument("max sequence length must be positive");
-  KLEIN_ASSIGN_OR_RETURN(auto tok_dir, model.component("tokenizer"));
-  KLEIN_ASSIGN_OR_RETURN(auto te_dir, model.component("text_encoder"));
-  if (te_dir.class_name != "Qwen3ForCausalLM" && te_dir.class_name != "Qwen3Model")
-    return unsupported((model.root() / "model_index.json").string() + ": text_encoder class \"" +
-                       te_dir.class_name + "\" (klein uses Qwen3ForCausalLM)");
   ctx.report("tokenize", 0, 1);
-  KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
   auto padded = tok.encode_padded(Tokenizer::klein_template(prompt), max_length);
   ctx.report("tokenize", 1, 1);
-
-  const int deepest = *std::max_element(kKleinTextTaps.begin(), kKleinTextTaps.end());
-  KLEIN_ASSIGN_OR_RETURN(auto enc, Qwen3Encoder::load(te_dir.dir, deepest));
-  ctx.report("encode", 0, deepest);
+  ctx.report("encode", 0, kKleinTextLayersNeeded);
   KLEIN_ASSIGN_OR_RETURN(Tensor emb, enc.encode(padded.ids, padded.mask, kKleinTextTaps, ctx));
   emb.reshape({1, emb.dim(0), emb.dim(1)});
   ctx.dump("prompt_embeds", emb);
@@ -32,7 +18,7 @@ Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string
   r.mask = std::move(padded.mask);
   r.num_real_tokens = padded.num_real;
   r.untruncated_length = padded.untruncated_length;
-  return r;  // `enc` goes out of scope here: its mapping is released
+  return r;
 }
 
 }  // namespace klein

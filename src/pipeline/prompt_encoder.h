@@ -8,12 +8,15 @@
 #include "backend/run_context.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/model_folder.h"
+#include "models/qwen3.h"
+#include "pipeline/tokenizer.h"
 
 namespace klein {
 
 inline constexpr int kKleinMaxSequenceLength = 512;
 inline const std::vector<int> kKleinTextTaps = {9, 18, 27};
+// Layers the text encoder needs: the deepest tap (27); later layers are never loaded.
+inline constexpr int kKleinTextLayersNeeded = 27;
 
 struct PromptEncoding {
   Tensor embeds;                 // [1, max_length, 3 * hidden]
@@ -23,10 +26,10 @@ struct PromptEncoding {
   int untruncated_length = 0;
 };
 
-// Loads the tokenizer and the text encoder from `model`, encodes, and releases the encoder's
-// weights before returning (so the next component loads into the freed memory).
-Result<PromptEncoding> encode_prompt(const ModelFolder& model, const std::string& prompt,
-                                     const RunContext& ctx,
+// Tokenizes and encodes with a loaded tokenizer and text encoder (loading is the caller's: see
+// src/api/components.h). Dumps "prompt_embeds".
+Result<PromptEncoding> encode_prompt(const Tokenizer& tokenizer, const Qwen3Encoder& encoder,
+                                     const std::string& prompt, const RunContext& ctx,
                                      int max_length = kKleinMaxSequenceLength);
 
 }  // namespace klein

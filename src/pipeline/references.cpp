@@ -18,22 +18,38 @@ Result<std::vector<PreparedReference>> prepare_references(const std::vector<std:
   return out;
 }
 
-Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
-                                          const RunContext& ctx) {
-  ReferenceTokens r;
-  std::vector<Tensor> packed;
-  int64_t total = 0, C = 0;
-  for (size_t i = 0; i < refs.size(); ++i) {
+Result<std::vector<Tensor>> encode_reference_latents(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
+                                                     const RunContext& ctx) {
+  std::vector<Tensor> out;
+  const int n = static_cast<int>(refs.size());
+  ctx.report("vae encode", 0, n);
+  for (int i = 0; i < n; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("reference encoding"));
     KLEIN_ASSIGN_OR_RETURN(Tensor mean, vae.encode_mean(refs[i].pixels, ctx));  // [1, 32, H/8, W/8]
     KLEIN_ASSIGN_OR_RETURN(Tensor z, patchify(mean));                          // [1, 128, H/16, W/16]
     KLEIN_RETURN_IF_ERROR(normalize_latents(z, vae.latent_stats()));
-    C = z.dim(1);
-    const int64_t h = z.dim(2), w = z.dim(3), n = h * w;
-    Tensor t = pack_latents(z);  // [n, C]
+    out.push_back(std::move(z));
+    ctx.report("vae encode", i + 1, n);
+  }
+  return out;
+}
+
+Result<ReferenceTokens> pack_reference_tokens(const std::vector<Tensor>& latents, const RunContext& ctx) {
+  ReferenceTokens r;
+  if (latents.empty()) return r;
+  std::vector<Tensor> packed;
+  int64_t total = 0;
+  const int64_t C = latents[0].dim(1);
+  for (size_t i = 0; i < latents.size(); ++i) {
+    const Tensor& z = latents[i];
+    if (z.shape().size() != 4 || z.dim(0) != 1 || z.dim(1) != C)
+      return invalid_argument("reference latent " + std::to_string(i + 1) + " has shape " + shape_str(z.shape()) +
+                              ", expected [1, " + std::to_string(C) + ", h, w]");
+    const int64_t h = z.dim(2), w = z.dim(3);
+    Tensor t = pack_latents(z);  // [h*w, C]
     const Flux2Ids ids = flux2_image_ids(static_cast<int>(h), static_cast<int>(w), 10 + 10 * static_cast<int>(i));
     r.ids.insert(r.ids.end(), ids.begin(), ids.end());
-    total += n;
+    total += h * w;
     packed.push_back(std::move(t));
   }
   r.tokens = Tensor({total, C});
@@ -44,6 +60,12 @@ Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector
   }
   ctx.dump("ref_latents", r.tokens, {1, total, C});
   return r;
+}
+
+Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
+                                          const RunContext& ctx) {
+  KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(vae, refs, ctx));
+  return pack_reference_tokens(latents, ctx);
 }
 
 }  // namespace klein

@@ -27,8 +27,16 @@ struct ReferenceTokens {
   Flux2Ids ids;   // S_ref ids: (10 + 10·i, y, x, 0)
 };
 
-// VAE encode (posterior mean) -> patchify -> batch-norm normalise -> pack, for each reference.
+// VAE encode (posterior mean) -> patchify -> batch-norm normalise, for each reference:
+// [1, 128, H/16, W/16] each.
+Result<std::vector<Tensor>> encode_reference_latents(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
+                                                     const RunContext& ctx);
+
+// Packs normalised reference latents into tokens with their ids (reference i: T = 10 + 10·i).
 // Dumps "ref_latents" [1, S_ref, 128].
+Result<ReferenceTokens> pack_reference_tokens(const std::vector<Tensor>& latents, const RunContext& ctx);
+
+// Both of the above.
 Result<ReferenceTokens> encode_references(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
                                           const RunContext& ctx);
 

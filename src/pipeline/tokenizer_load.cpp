@@ -15,6 +15,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "io/file_counter.h"
 #include "io/json_scan.h"
 #include "pipeline/tokenizer.h"
 #include "pipeline/tokenizer_impl.h"
@@ -39,6 +40,7 @@ FileText::~FileText() {
 }
 
 Result<FileText> FileText::open(const std::string& path) {
+  note_file_opened(path);  // every tokenizer file goes through here
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return not_found(path + ": no such file");

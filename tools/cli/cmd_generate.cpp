@@ -21,7 +21,7 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, out, noise, noise_dtype = "f32", dump, dump_filter;
+    std::string model, prompt, out, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa;
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0;
     uint64_t seed = 0;
@@ -49,6 +49,10 @@ Command make_generate_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
+    s->add_option("--memory", o->memory,
+                  "low: one component in memory at a time (default); resident: keep all loaded")
+        ->check(CLI::IsMember({"low", "resident"}));
+    s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, ... (default: the best)");
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
   };
@@ -61,11 +65,15 @@ Command make_generate_command() {
     if (!out.parent_path().empty() && !fs::is_directory(out.parent_path(), ec))
       return fail(not_found(o->out + ": output folder " + out.parent_path().string() + " does not exist"));
 
-    GenerateOptions g;
-    g.model_dir = o->model.empty() ? default_model() : o->model;
+    const std::string model_dir = o->model.empty() ? default_model() : o->model;
     if (o->model.empty() && !o->quiet)
       std::fprintf(stderr, "note: no --model given; using the tiny random-weight test model (%s): the image is noise\n",
-                   g.model_dir.c_str());
+                   model_dir.c_str());
+    LoadOptions lo;
+    lo.threads = o->threads;
+    lo.memory = o->memory == "resident" ? MemoryPolicy::kResident : MemoryPolicy::kLow;
+    lo.isa = o->isa;
+    GenerateRequest g;
     g.prompt = o->prompt;
     g.width = o->width;
     g.height = o->height;
@@ -74,14 +82,18 @@ Command make_generate_command() {
     g.noise_npy = o->noise;
     g.bf16_noise = o->noise_dtype == "bf16";
     g.reference_images = o->refs;
-    g.threads = o->threads;
-    g.dump_dir = o->dump;
-    g.dump_filter = o->dump_filter;
+    g.dump = {o->dump, o->dump_filter};
     Progress progress(o->quiet);
-    g.on_progress = progress.callback();
-    g.on_log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
+    Callbacks cb;
+    cb.progress = progress.callback();
+    cb.log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = generate(g);
+    auto model = Model::open(model_dir, lo);
+    if (!model.ok()) {
+      progress.finish();
+      return fail(model.status());
+    }
+    auto r = (*model)->generate(g, cb);
     progress.finish();
     if (!r.ok()) return fail(r.status());
     Status s = save_png(o->out, r->image, r->metadata);

@@ -1,13 +1,12 @@
-// `klein info`: what a model folder holds — components, classes, config dims, dtypes, sizes.
+// `klein info`: what a model folder holds — components, classes, config dims, dtypes, sizes —
+// and, with --cpu, what this CPU offers the kernels.
 #include <cstdio>
 #include <map>
 #include <memory>
 
-#include "core/format.h"
 #include "commands.h"
 #include "common.h"
-#include "io/model_folder.h"
-#include "io/safetensors.h"
+#include "klein/klein.h"
 
 namespace klein::cli {
 
@@ -36,71 +35,54 @@ std::string human_count(double n) {
 }  // namespace
 
 Command make_info_command() {
-  auto model = std::make_shared<std::string>();
+  struct Opts {
+    std::string model;
+    bool cpu = false;
+    std::string isa;
+  };
+  auto o = std::make_shared<Opts>();
   Command c;
-  c.attach_fn = [model](CLI::App& app) {
-    auto* s = app.add_subcommand("info", "Describe a model folder: components, classes, config, dtypes, sizes");
-    s->add_option("--model", *model, "Model folder (diffusers layout, with model_index.json)")->required();
+  c.attach_fn = [o](CLI::App& app) {
+    auto* s = app.add_subcommand("info", "Describe a model folder (components, classes, config, dtypes, sizes) or this CPU");
+    s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)");
+    s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format");
+    s->add_option("--isa", o->isa, "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...)");
     return s;
   };
-  c.run = [model]() -> int {
-    auto m = ModelFolder::open(*model);
-    if (!m.ok()) return fail(m.status());
-    std::printf("model      %s\n", m->root().string().c_str());
-    std::printf("pipeline   %s%s\n", m->pipeline_class().c_str(), m->is_distilled() ? " (distilled: 4 steps, no CFG)" : "");
-    int errors = 0;
-    for (const auto& [name, ci] : m->components()) {
-      std::printf("\n[%s] %s (%s)\n", name.c_str(), ci.class_name.c_str(), ci.library.c_str());
-      auto comp = m->component(name);
-      if (!comp.ok()) {
-        std::printf("  missing: %s\n", comp.status().message().c_str());
-        ++errors;
-        continue;
-      }
-      if (name != "tokenizer") {
-        auto cfg = m->config(name);
-        if (!cfg.ok()) {
-          std::printf("  config: %s\n", cfg.status().message().c_str());
-          ++errors;
-        } else {
-          std::string line;
-          for (auto it = cfg->begin(); it != cfg->end(); ++it) {
-            if (it.key().starts_with("_")) continue;
-            if (it->is_number() || it->is_boolean() || (it->is_array() && it->size() <= 8 && !it->empty() && (*it)[0].is_number())) {
-              std::string item = it.key() + "=" + it->dump();
-              if (line.size() + item.size() > 96) {
-                std::printf("  %s\n", line.c_str());
-                line.clear();
-              }
-              line += (line.empty() ? "" : "  ") + item;
-            }
-          }
-          if (!line.empty()) std::printf("  %s\n", line.c_str());
-        }
-      }
-      if (name == "tokenizer" || name == "scheduler") continue;
-      auto store = WeightStore::open(comp->dir);
-      if (!store.ok()) {
-        std::printf("  weights: %s\n", store.status().message().c_str());
-        ++errors;
-        continue;
-      }
-      std::map<std::string, std::pair<double, double>> by_dtype;  // dtype -> (params, bytes)
-      double params = 0;
-      for (const auto& n : store->names()) {
-        const TensorEntry* e = store->entry(n);
-        const double cnt = static_cast<double>(shape_numel(e->shape));
-        params += cnt;
-        auto& slot = by_dtype[std::string(dtype_name(e->dtype))];
-        slot.first += cnt;
-        slot.second += static_cast<double>(e->nbytes);
-      }
-      std::printf("  weights    %zu file(s), %zu tensors, %s parameters, %s\n", store->files().size(),
-                  store->names().size(), human_count(params).c_str(), human_bytes(static_cast<double>(store->total_bytes())).c_str());
-      for (const auto& [dt, v] : by_dtype)
-        std::printf("    %-8s %s parameters, %s\n", dt.c_str(), human_count(v.first).c_str(), human_bytes(v.second).c_str());
+  c.run = [o]() -> int {
+    if (o->model.empty() && !o->cpu) return fail(invalid_argument("info: give --model DIR and/or --cpu"));
+    if (o->cpu) {
+      auto report = cpu_info(o->isa);
+      if (!report.ok()) return fail(report.status());
+      std::printf("%s", report->c_str());
     }
-    return errors ? 1 : 0;
+    if (o->model.empty()) return 0;
+    auto m = Model::inspect(o->model);
+    if (!m.ok()) return fail(m.status());
+    if (o->cpu) std::printf("\n");
+    std::printf("model      %s\n", m->path.c_str());
+    std::printf("pipeline   %s%s\n", m->pipeline_class.c_str(), m->distilled ? " (distilled: 4 steps, no CFG)" : "");
+    for (const auto& ci : m->components) {
+      std::printf("\n[%s] %s (%s)\n", ci.name.c_str(), ci.class_name.c_str(), ci.library.c_str());
+      std::string line;
+      for (const auto& [key, value] : ci.config) {
+        std::string item = key + "=" + value;
+        if (line.size() + item.size() > 96) {
+          std::printf("  %s\n", line.c_str());
+          line.clear();
+        }
+        line += (line.empty() ? "" : "  ") + item;
+      }
+      if (!line.empty()) std::printf("  %s\n", line.c_str());
+      if (!ci.error.empty()) std::printf("  %s\n", ci.error.c_str());
+      if (!ci.has_weights) continue;
+      std::printf("  weights    %zu file(s), %zu tensors, %s parameters, %s\n", ci.files, ci.tensors,
+                  human_count(ci.parameters).c_str(), human_bytes(static_cast<double>(ci.bytes)).c_str());
+      for (const auto& d : ci.by_dtype)
+        std::printf("    %-8s %s parameters, %s\n", d.dtype.c_str(), human_count(d.parameters).c_str(),
+                    human_bytes(static_cast<double>(d.bytes)).c_str());
+    }
+    return m->errors ? 1 : 0;
   };
   return c;
 }

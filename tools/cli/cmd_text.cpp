@@ -1,31 +1,14 @@
 // `klein tokenize` and `klein encode`: the text side of the pipeline on its own.
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "common.h"
-#include "backend/cpu/cpu_backend.h"
-#include "io/model_folder.h"
-#include "io/npy.h"
-#include "pipeline/prompt_encoder.h"
-#include "pipeline/tokenizer.h"
+#include "klein/klein.h"
 #include "progress.h"
 
-namespace fs = std::filesystem;
-
 namespace klein::cli {
-
-namespace {
-// A pipeline folder has its tokenizer in tokenizer/; a tokenizer folder is used as it is.
-fs::path tokenizer_dir_of(const fs::path& model) {
-  std::error_code ec;
-  if (fs::exists(model / "model_index.json", ec) && fs::is_directory(model / "tokenizer", ec))
-    return model / "tokenizer";
-  return model;
-}
-}  // namespace
 
 Command make_tokenize_command() {
   struct Opts {
@@ -45,17 +28,13 @@ Command make_tokenize_command() {
     return s;
   };
   c.run = [o]() -> int {
-    auto tok = Tokenizer::load(tokenizer_dir_of(o->model));
-    if (!tok.ok()) return fail(tok.status());
-    std::string text = o->templ ? Tokenizer::klein_template(o->text) : o->text;
+    auto model = Model::open_tokenizer(o->model);
+    if (!model.ok()) return fail(model.status());
+    auto t = (*model)->tokenize(o->text, o->templ, o->max_length);
+    if (!t.ok()) return fail(t.status());
     nlohmann::json j;
-    if (o->max_length > 0) {
-      auto p = tok->encode_padded(text, o->max_length);
-      j["ids"] = p.ids;
-      j["mask"] = p.mask;
-    } else {
-      j["ids"] = tok->encode(text);
-    }
+    j["ids"] = t->ids;
+    if (o->max_length > 0) j["mask"] = t->mask;
     std::printf("%s\n", j.dump().c_str());
     return 0;
   };
@@ -65,7 +44,7 @@ Command make_tokenize_command() {
 Command make_encode_command() {
   struct Opts {
     std::string model, prompt, out, dump, dump_filter;
-    int threads = 0, max_length = kKleinMaxSequenceLength;
+    int threads = 0, max_length = 512;
     bool quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -83,24 +62,23 @@ Command make_encode_command() {
     return s;
   };
   c.run = [o]() -> int {
-    auto model = ModelFolder::open(o->model);
+    LoadOptions lo;
+    lo.threads = o->threads;
+    auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
-    CpuBackend pool(CpuBackendOptions{o->threads});
-    Dumper dumper(o->dump, o->dump_filter);
-    if (!dumper.status().ok()) return fail(dumper.status());
     Progress progress(o->quiet);
-    RunContext ctx;
-    ctx.backend = &pool;
-    ctx.dumper = o->dump.empty() ? nullptr : &dumper;
-    ctx.progress = progress.callback();
-    auto enc = encode_prompt(*model, o->prompt, ctx, o->max_length);
+    Callbacks cb;
+    cb.progress = progress.callback();
+    EncodeOptions eo;
+    eo.max_length = o->max_length;
+    eo.dump = {o->dump, o->dump_filter};
+    auto enc = (*model)->encode_prompt(o->prompt, eo, cb);
     progress.finish();
     if (!enc.ok()) return fail(enc.status());
-    if (!dumper.status().ok()) return fail(dumper.status());
-    Status s = write_npy(o->out, enc->embeds);
+    Status s = write_npy_f32(o->out, enc->shape, enc->data);
     if (!s.ok()) return fail(s);
     if (!o->quiet)
-      std::fprintf(stderr, "wrote %s %s (%d real tokens)\n", o->out.c_str(), shape_str(enc->embeds.shape()).c_str(),
+      std::fprintf(stderr, "wrote %s %s (%d real tokens)\n", o->out.c_str(), shape_text(enc->shape).c_str(),
                    enc->num_real_tokens);
     return 0;
   };

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "klein/klein.h"
 
 namespace klein::cli {
 
@@ -22,7 +23,7 @@ int fail(const Status& s) {
 int main(int argc, char** argv) {
   CLI::App app{"klein.cpp — FLUX.2 [klein] inference engine (text-to-image and editing)", "klein"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("klein.cpp ") + KLEIN_VERSION);
+  app.set_version_flag("--version", std::string("klein.cpp ") + klein::version());
   std::vector<klein::cli::Command> cmds = klein::cli::all_commands();
   for (auto& c : cmds) c.attach(app);
   try {

@@ -1,0 +1,109 @@
+/* klein.cpp C API: FLUX.2 [klein] text-to-image and reference-image editing from C (C11).
+ *
+ * Conventions:
+ *   - Every fallible call returns a klein_status (KLEIN_OK == 0) and, when `err` is not NULL,
+ *     fills it with the code and a one-line message (NUL-terminated, truncated to fit). There is
+ *     no global or thread-local error state.
+ *   - Parameter structs are plain data: start from klein_*_default_params() and set fields.
+ *   - Strings are UTF-8, borrowed for the duration of the call only.
+ *   - Objects returned through an out-pointer belong to the caller: klein_model_free,
+ *     klein_image_free. Both accept NULL.
+ *   - Callbacks run on the calling thread; `user_data` is passed back unchanged.
+ *   - One model serves one call at a time (concurrent calls on it wait for each other).
+ */
+#ifndef KLEIN_KLEIN_C_H_
+#define KLEIN_KLEIN_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "klein/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum klein_status {
+  KLEIN_OK = 0,
+  KLEIN_INVALID_ARGUMENT = 1, /* bad option or value given by the caller */
+  KLEIN_NOT_FOUND = 2,        /* missing file, tensor or key */
+  KLEIN_IO_ERROR = 3,         /* read/write/mmap failure */
+  KLEIN_FORMAT_ERROR = 4,     /* malformed file contents */
+  KLEIN_UNSUPPORTED = 5,      /* well-formed but not handled */
+  KLEIN_CANCELLED = 6,        /* the cancel callback asked to stop */
+  KLEIN_OUT_OF_MEMORY = 7,    /* an allocation failed */
+  KLEIN_INTERNAL = 8          /* a bug in klein.cpp */
+} klein_status;
+
+typedef struct klein_error {
+  int code;           /* a klein_status */
+  char message[512];  /* one line, e.g. "not found: model/vae/config.json: no such file" */
+} klein_error;
+
+typedef enum klein_memory_policy {
+  KLEIN_MEMORY_LOW = 0,     /* one component resident at a time (default) */
+  KLEIN_MEMORY_RESIDENT = 1 /* all components mapped once, kept for repeated requests */
+} klein_memory_policy;
+
+typedef struct klein_model klein_model; /* opaque */
+
+/* An 8-bit RGB image, row-major, height * width * 3 bytes. */
+typedef struct klein_image {
+  int width;
+  int height;
+  unsigned char* rgb;
+} klein_image;
+
+/* phase: "tokenize", "encode", "vae encode", "load transformer", "denoise", "decode". */
+typedef void (*klein_progress_fn)(const char* phase, int done, int total, void* user_data);
+typedef void (*klein_log_fn)(const char* message, void* user_data);
+/* Return non-zero to stop the call with KLEIN_CANCELLED. */
+typedef int (*klein_cancel_fn)(void* user_data);
+/* An intermediate image; called only where previews exist (none in this version). */
+typedef void (*klein_preview_fn)(int step, int total, const klein_image* preview, void* user_data);
+
+typedef struct klein_load_params {
+  int threads;        /* 0: all cores */
+  int memory;         /* a klein_memory_policy */
+  const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
+} klein_load_params;
+
+typedef struct klein_generate_params {
+  const char* prompt;
+  int width, height;  /* 0: the first reference's size, else 1024; floored to multiples of 16 */
+  int steps;          /* 0: 4 */
+  uint64_t seed;
+  const char* noise_npy;  /* NULL or a .npy with the initial noise (1, 128, H/16, W/16) */
+  int bf16_noise;         /* non-zero: draw the noise as a bfloat16 torch pipeline does */
+  const char* const* reference_images; /* editing: num_reference_images paths */
+  int num_reference_images;
+  klein_progress_fn progress;
+  klein_log_fn log;
+  klein_cancel_fn cancel;
+  klein_preview_fn preview;
+  void* user_data;        /* passed to every callback */
+} klein_generate_params;
+
+KLEIN_API klein_load_params klein_load_default_params(void);
+KLEIN_API klein_generate_params klein_generate_default_params(void);
+
+/* Opens a diffusers model folder (configs, scheduler, tokenizer parsed once). params may be NULL. */
+KLEIN_API klein_status klein_model_open(const char* path, const klein_load_params* params, klein_model** out,
+                                        klein_error* err);
+/* Runs one request; *out receives a new image (free it with klein_image_free). */
+KLEIN_API klein_status klein_model_generate(klein_model* model, const klein_generate_params* params,
+                                            klein_image** out, klein_error* err);
+KLEIN_API void klein_model_free(klein_model* model);
+
+/* Writes the image as PNG (atomically: temporary file + rename). */
+KLEIN_API klein_status klein_image_save_png(const klein_image* image, const char* path, klein_error* err);
+KLEIN_API void klein_image_free(klein_image* image);
+
+/* "0.1.0" */
+KLEIN_API const char* klein_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KLEIN_KLEIN_C_H_ */

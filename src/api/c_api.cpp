@@ -1,0 +1,149 @@
+// The C API over klein::Model. Every entry point is noexcept in effect: the C++ API already
+// turns exceptions into Status, and the glue here runs under the same catch-all.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "api/guard.h"
+#include "klein/klein.h"
+#include "klein/klein_c.h"
+
+struct klein_model {
+  std::unique_ptr<klein::Model> model;
+};
+
+namespace {
+
+static_assert(static_cast<int>(klein::Code::kInternal) == KLEIN_INTERNAL, "klein_status mirrors klein::Code");
+static_assert(static_cast<int>(klein::Code::kOutOfMemory) == KLEIN_OUT_OF_MEMORY, "klein_status mirrors klein::Code");
+
+klein_status report(const klein::Status& s, klein_error* err) {
+  if (err) {
+    err->code = static_cast<int>(s.code());
+    err->message[0] = '\0';
+    if (!s.ok()) {
+      // The message without the code prefix; truncated to fit, always NUL-terminated.
+      std::strncpy(err->message, s.message().c_str(), sizeof err->message - 1);
+      err->message[sizeof err->message - 1] = '\0';
+    }
+  }
+  return static_cast<klein_status>(s.code());
+}
+
+}  // namespace
+
+extern "C" {
+
+klein_load_params klein_load_default_params(void) {
+  klein_load_params p;
+  p.threads = 0;
+  p.memory = KLEIN_MEMORY_LOW;
+  p.isa = nullptr;
+  return p;
+}
+
+klein_generate_params klein_generate_default_params(void) {
+  klein_generate_params p;
+  std::memset(&p, 0, sizeof p);
+  return p;
+}
+
+klein_status klein_model_open(const char* path, const klein_load_params* params, klein_model** out,
+                              klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_model_open", [&]() -> klein::Status {
+    if (!out) return klein::invalid_argument("klein_model_open: out is NULL");
+    *out = nullptr;
+    if (!path) return klein::invalid_argument("klein_model_open: path is NULL");
+    const klein_load_params p = params ? *params : klein_load_default_params();
+    if (p.memory != KLEIN_MEMORY_LOW && p.memory != KLEIN_MEMORY_RESIDENT)
+      return klein::invalid_argument("klein_model_open: memory must be KLEIN_MEMORY_LOW or KLEIN_MEMORY_RESIDENT");
+    klein::LoadOptions o;
+    o.threads = p.threads;
+    o.memory = p.memory == KLEIN_MEMORY_RESIDENT ? klein::MemoryPolicy::kResident : klein::MemoryPolicy::kLow;
+    o.isa = p.isa ? p.isa : "";
+    auto m = klein::Model::open(path, o);
+    if (!m.ok()) return m.status();
+    *out = new klein_model{std::move(m).value()};
+    return klein::Status::Ok();
+  });
+  return report(s, err);
+}
+
+klein_status klein_model_generate(klein_model* model, const klein_generate_params* params, klein_image** out,
+                                  klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_model_generate", [&]() -> klein::Status {
+    if (!out) return klein::invalid_argument("klein_model_generate: out is NULL");
+    *out = nullptr;
+    if (!model || !model->model) return klein::invalid_argument("klein_model_generate: model is NULL");
+    if (!params) return klein::invalid_argument("klein_model_generate: params is NULL");
+    if (!params->prompt) return klein::invalid_argument("klein_model_generate: prompt is NULL");
+    if (params->num_reference_images < 0 || (params->num_reference_images > 0 && !params->reference_images))
+      return klein::invalid_argument("klein_model_generate: reference_images does not hold num_reference_images paths");
+    klein::GenerateRequest req;
+    req.prompt = params->prompt;
+    req.width = params->width;
+    req.height = params->height;
+    req.steps = params->steps;
+    req.seed = params->seed;
+    req.noise_npy = params->noise_npy ? params->noise_npy : "";
+    req.bf16_noise = params->bf16_noise != 0;
+    for (int i = 0; i < params->num_reference_images; ++i) {
+      if (!params->reference_images[i])
+        return klein::invalid_argument("klein_model_generate: reference_images[" + std::to_string(i) + "] is NULL");
+      req.reference_images.emplace_back(params->reference_images[i]);
+    }
+    const klein_generate_params p = *params;  // the callbacks capture a copy
+    klein::Callbacks cb;
+    if (p.progress) cb.progress = [p](const std::string& phase, int d, int t) { p.progress(phase.c_str(), d, t, p.user_data); };
+    if (p.log) cb.log = [p](const std::string& m) { p.log(m.c_str(), p.user_data); };
+    if (p.cancel) cb.cancel = [p]() { return p.cancel(p.user_data) != 0; };
+    if (p.preview)
+      cb.preview = [p](int step, int total, const klein::Image& img) {
+        klein_image view{img.width, img.height, const_cast<unsigned char*>(img.rgb.data())};
+        p.preview(step, total, &view, p.user_data);
+      };
+    auto r = model->model->generate(req, cb);
+    if (!r.ok()) return r.status();
+    const klein::Image& img = r->image;
+    // malloc, not new: the image is a C object the caller may inspect and frees with klein_image_free.
+    auto* ci = static_cast<klein_image*>(std::malloc(sizeof(klein_image)));
+    if (!ci) throw std::bad_alloc();
+    ci->width = img.width;
+    ci->height = img.height;
+    ci->rgb = static_cast<unsigned char*>(std::malloc(img.rgb.size() ? img.rgb.size() : 1));
+    if (!ci->rgb) {
+      std::free(ci);
+      throw std::bad_alloc();
+    }
+    std::memcpy(ci->rgb, img.rgb.data(), img.rgb.size());
+    *out = ci;
+    return klein::Status::Ok();
+  });
+  return report(s, err);
+}
+
+void klein_model_free(klein_model* model) { delete model; }
+
+klein_status klein_image_save_png(const klein_image* image, const char* path, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_image_save_png", [&]() -> klein::Status {
+    if (!image || !image->rgb || image->width <= 0 || image->height <= 0)
+      return klein::invalid_argument("klein_image_save_png: empty image");
+    if (!path) return klein::invalid_argument("klein_image_save_png: path is NULL");
+    klein::Image img;
+    img.width = image->width;
+    img.height = image->height;
+    img.rgb.assign(image->rgb, image->rgb + static_cast<size_t>(image->width) * image->height * 3);
+    return klein::save_png(path, img, {{"software", std::string("klein.cpp ") + klein::version()}});
+  });
+  return report(s, err);
+}
+
+void klein_image_free(klein_image* image) {
+  if (!image) return;
+  std::free(image->rgb);
+  std::free(image);
+}
+
+const char* klein_version(void) { return klein::version(); }
+
+}  // extern "C"

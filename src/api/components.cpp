@@ -1,0 +1,63 @@
+#include "api/components.h"
+
+#include <cstdlib>
+#include <fstream>
+
+#include "kernels/registry.h"
+
+namespace klein::api {
+
+Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options) {
+  if (options.threads < 0) return invalid_argument("threads must be >= 0 (0: all cores)");
+  Isa ceiling = Isa::kCount;
+  if (!options.isa.empty() && !isa_from_name(options.isa, &ceiling)) {
+    std::string names;
+    for (int i = 0; i < static_cast<int>(Isa::kCount); ++i)
+      names += std::string(i ? ", " : "") + std::string(isa_name(static_cast<Isa>(i)));
+    return invalid_argument("isa \"" + options.isa + "\": unknown (expected one of " + names + ")");
+  }
+  auto e = std::make_unique<Engine>();
+  e->backend = std::make_unique<CpuBackend>(CpuBackendOptions{options.threads, ceiling});
+  e->isa = options.isa;
+  return e;
+}
+
+RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& callbacks) {
+  RunContext ctx;
+  ctx.backend = engine.backend.get();
+  ctx.dumper = dumper && dumper->enabled() ? dumper : nullptr;
+  ctx.progress = callbacks.progress;
+  ctx.should_cancel = callbacks.cancel;
+  return ctx;
+}
+
+namespace {
+template <class M>
+Result<std::shared_ptr<const M>> prepared(Result<M> loaded, Backend& be) {
+  if (!loaded.ok()) return loaded.status();
+  auto m = std::make_shared<M>(std::move(loaded).value());
+  KLEIN_RETURN_IF_ERROR(m->prepare(be));
+  return std::shared_ptr<const M>(std::move(m));
+}
+}  // namespace
+
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const std::filesystem::path& dir, int layers_needed,
+                                                             Backend& be) {
+  return prepared(Qwen3Encoder::load(dir, layers_needed), be);
+}
+
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const std::filesystem::path& dir, Backend& be) {
+  return prepared(Flux2Transformer::load(dir), be);
+}
+
+Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& dir, Backend& be) {
+  return prepared(Flux2Vae::load(dir), be);
+}
+
+Result<std::string> cpu_report(const std::string& isa) {
+  Isa ceiling = Isa::kCount;
+  if (!isa.empty() && !isa_from_name(isa, &ceiling)) return invalid_argument("isa \"" + isa + "\": unknown");
+  return kernels::describe_cpu(kernels::KernelSet::select(CpuFeatures::host(), ceiling));
+}
+
+}  // namespace klein::api

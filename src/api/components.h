@@ -1,0 +1,45 @@
+// The engine's seams for the API layer, each in one place:
+//   * make_engine / make_run_context: the Backend that executes requests (a CpuBackend with the
+//     caller's threads and ISA ceiling; a GPU backend is chosen here too once there is one) and
+//     the per-request RunContext over it.
+//   * load_text_encoder / load_transformer / load_vae: load a component and prepare its weights
+//     for the engine's backend.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/run_context.h"
+#include "io/dump.h"
+#include "klein/klein.h"
+#include "models/flux2_dit.h"
+#include "models/flux2_vae.h"
+#include "models/qwen3.h"
+
+namespace klein::api {
+
+// What executes a model's requests: its backend (which owns the threads and the kernels chosen
+// for this CPU under the ISA ceiling).
+struct Engine {
+  std::unique_ptr<Backend> backend;
+  std::string isa;
+};
+
+// Validates `isa` ("" or a known ISA name) and creates the engine.
+Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options);
+
+// The per-request context: the engine, an optional dumper, the caller's callbacks.
+RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& callbacks);
+
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const std::filesystem::path& dir, int layers_needed,
+                                                             Backend& be);
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const std::filesystem::path& dir, Backend& be);
+Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& dir, Backend& be);
+
+// The CPU report behind klein::cpu_info(): model name, features, usable ISAs and the kernel
+// chosen per (op, format) with the best ISA (or the `isa` ceiling).
+Result<std::string> cpu_report(const std::string& isa);
+
+}  // namespace klein::api

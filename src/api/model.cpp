@@ -1,0 +1,368 @@
+// klein::Model: open once, run many requests. Every public body runs under api::guarded, so no
+// exception crosses the API.
+#include <cstring>
+#include <filesystem>
+
+#include "api/guard.h"
+#include "api/model_impl.h"
+#include "io/json_file.h"
+#include "io/npy.h"
+#include "pipeline/denoise.h"
+#include "pipeline/noise.h"
+
+namespace fs = std::filesystem;
+
+namespace klein {
+
+// ---- conversions ------------------------------------------------------------------------------
+
+FloatArray to_array(const Tensor& t) {
+  FloatArray a;
+  a.shape = t.shape();
+  a.data.assign(t.data(), t.data() + t.numel());
+  return a;
+}
+
+Result<Tensor> to_tensor(const FloatArray& a, const std::string& what) {
+  for (int64_t d : a.shape)
+    if (d < 0) return invalid_argument(what + ": negative dimension in shape " + shape_str(a.shape));
+  if (a.shape.empty() || static_cast<size_t>(shape_numel(a.shape)) != a.data.size())
+    return invalid_argument(what + ": shape " + shape_str(a.shape) + " does not match its " +
+                            std::to_string(a.data.size()) + " values");
+  Tensor t(a.shape);
+  if (!a.data.empty()) std::memcpy(t.data(), a.data.data(), a.data.size() * sizeof(float));
+  return t;
+}
+
+// ---- Impl -------------------------------------------------------------------------------------
+
+Status Model::Impl::require_full_model(const char* what) const {
+  if (tokenizer_only)
+    return invalid_argument(std::string(what) + ": " + path + " was opened with open_tokenizer (tokenizer only)");
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() {
+  if (te) return te;
+  return api::load_text_encoder(te_dir.dir, kKleinTextLayersNeeded, *engine->backend);
+}
+
+Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) {
+  if (dit) return dit;
+  ctx.report("load transformer", 0, 1);
+  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_dir.dir, *engine->backend));
+  ctx.report("load transformer", 1, 1);
+  return m;
+}
+
+Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() {
+  if (vae) return vae;
+  return api::load_vae(vae_dir.dir, *engine->backend);
+}
+
+Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
+                                                   const std::function<void(const std::string&)>& log) const {
+  if (width < 0 || height < 0) return invalid_argument("width and height must be positive");
+  Geometry g;
+  // Each dimension on its own, as the pipeline's `height = height or image_height`.
+  g.width = width > 0 ? width : (first_ref ? first_ref->first : 1024);
+  g.height = height > 0 ? height : (first_ref ? first_ref->second : 1024);
+  if (g.width < 16 || g.height < 16) return invalid_argument("width and height must be at least 16 pixels");
+  if (g.width > 8192 || g.height > 8192) return invalid_argument("width and height must be at most 8192 pixels");
+  if (g.width % 16 || g.height % 16) {
+    const int w16 = g.width / 16 * 16, h16 = g.height / 16 * 16;
+    if (log)
+      log("size " + std::to_string(g.width) + "x" + std::to_string(g.height) + " is not a multiple of 16; using " +
+          std::to_string(w16) + "x" + std::to_string(h16));
+    g.width = w16;
+    g.height = h16;
+  }
+  g.steps = steps > 0 ? steps : 4;
+  if (steps < 0 || g.steps > 1000) return invalid_argument("steps must be between 1 and 1000");
+  return g;
+}
+
+Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx) {
+  KLEIN_ASSIGN_OR_RETURN(auto enc, text_encoder());
+  return klein::encode_prompt(*tokenizer, *enc, prompt, ctx, max_length);  // kLow: `enc` released here
+}
+
+Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
+                                    Tensor noise, const RunContext& ctx) {
+  const std::string cfg_path = (dit_dir.dir / "config.json").string();
+  if (dit_cfg.in_channels != 128 || embeds.shape().size() != 3 || embeds.dim(0) != 1 ||
+      embeds.dim(2) != dit_cfg.joint_attention_dim)
+    return invalid_argument(cfg_path + ": transformer expects in_channels " + std::to_string(dit_cfg.in_channels) +
+                            " and joint_attention_dim " + std::to_string(dit_cfg.joint_attention_dim) +
+                            ", but the latents have 128 channels and the prompt embeddings are " +
+                            shape_str(embeds.shape()) + " (wrong component combination?)");
+  const int64_t th = g.height / 16, tw = g.width / 16;
+  KLEIN_ASSIGN_OR_RETURN(auto schedule, make_klein_schedule(sched_cfg, g.steps, th * tw));
+  ctx.dump("noise", noise);
+  KLEIN_ASSIGN_OR_RETURN(auto refs, pack_reference_tokens(ref_latents, ctx));
+  KLEIN_ASSIGN_OR_RETURN(auto m, transformer(ctx));
+  return run_denoise(*m, embeds, refs, std::move(noise), schedule, ctx);  // kLow: transformer released here
+}
+
+namespace {
+
+// The noise for a request: the caller's (checked against the size) or torch's seeded draw.
+Result<Tensor> make_noise(const FloatArray* given, const std::string& name, int width, int height, uint64_t seed,
+                          bool bf16) {
+  const Shape want = klein_noise_shape(width, height);
+  if (!given || given->data.empty()) return torch_randn(want, seed, bf16);
+  const std::string what = name.empty() ? std::string("noise") : name;
+  if (given->shape != want)
+    return invalid_argument(what + ": noise has shape " + shape_str(given->shape) + ", expected " + shape_str(want) +
+                            " for " + std::to_string(width) + "x" + std::to_string(height));
+  KLEIN_ASSIGN_OR_RETURN(Tensor t, to_tensor(*given, what));
+  if (!all_finite(t.data(), t.numel())) return invalid_argument(what + ": noise has NaN/Inf values");
+  return t;
+}
+
+Status dumper_status(const Dumper& d) { return d.status(); }
+
+}  // namespace
+
+// ---- Model: lifetime --------------------------------------------------------------------------
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+
+const LoadOptions& Model::load_options() const { return impl_->options; }
+
+Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOptions& options) {
+  return api::guarded("open model", [&]() -> Result<std::unique_ptr<Model>> {
+    auto m = std::make_unique<Impl>();
+    m->path = path;
+    m->options = options;
+    KLEIN_ASSIGN_OR_RETURN(m->engine, api::make_engine(options));
+    KLEIN_ASSIGN_OR_RETURN(m->folder, ModelFolder::open(path));
+    const ModelFolder& f = m->folder;
+    const std::string index = (f.root() / "model_index.json").string();
+    if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline")
+      return unsupported(index + ": pipeline \"" + f.pipeline_class() + "\" (klein.cpp runs Flux2KleinPipeline models)");
+    if (!f.is_distilled())
+      return unsupported(index +
+                         ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
+                         "which klein.cpp does not implement yet");
+    KLEIN_ASSIGN_OR_RETURN(auto tok_dir, f.component("tokenizer"));
+    KLEIN_ASSIGN_OR_RETURN(m->te_dir, f.component("text_encoder"));
+    KLEIN_ASSIGN_OR_RETURN(m->dit_dir, f.component("transformer"));
+    KLEIN_ASSIGN_OR_RETURN(m->vae_dir, f.component("vae"));
+    if (m->te_dir.class_name != "Qwen3ForCausalLM" && m->te_dir.class_name != "Qwen3Model")
+      return unsupported(index + ": text_encoder class \"" + m->te_dir.class_name + "\" (klein uses Qwen3ForCausalLM)");
+
+    // Every config once: a bad one fails here, not in the middle of a request.
+    KLEIN_ASSIGN_OR_RETURN(auto te_json, f.config("text_encoder"));
+    KLEIN_ASSIGN_OR_RETURN(m->te_cfg, Qwen3Config::from_json(te_json, (m->te_dir.dir / "config.json").string()));
+    KLEIN_ASSIGN_OR_RETURN(auto dit_json, f.config("transformer"));
+    KLEIN_ASSIGN_OR_RETURN(m->dit_cfg, Flux2Config::from_json(dit_json, (m->dit_dir.dir / "config.json").string()));
+    KLEIN_ASSIGN_OR_RETURN(auto vae_json, f.config("vae"));
+    KLEIN_ASSIGN_OR_RETURN(m->vae_cfg, Flux2VaeConfig::from_json(vae_json, (m->vae_dir.dir / "config.json").string()));
+    KLEIN_ASSIGN_OR_RETURN(auto sched_json, f.config("scheduler"));
+    KLEIN_ASSIGN_OR_RETURN(m->sched_cfg, FlowMatchConfig::from_json(sched_json, (f.root() / "scheduler").string()));
+    const int64_t text_width = static_cast<int64_t>(kKleinTextTaps.size()) * m->te_cfg.hidden_size;
+    if (m->dit_cfg.in_channels != 128 || m->dit_cfg.joint_attention_dim != text_width)
+      return format_error((m->dit_dir.dir / "config.json").string() + ": transformer expects in_channels " +
+                          std::to_string(m->dit_cfg.in_channels) + " and joint_attention_dim " +
+                          std::to_string(m->dit_cfg.joint_attention_dim) +
+                          ", but the latents have 128 channels and the text encoder gives " + std::to_string(text_width) +
+                          " (wrong component combination?)");
+    KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
+    m->tokenizer.emplace(std::move(tok));
+
+    if (options.memory == MemoryPolicy::kResident) {
+      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_dir.dir, kKleinTextLayersNeeded, *m->engine->backend));
+      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_dir.dir, *m->engine->backend));
+      KLEIN_ASSIGN_OR_RETURN(m->vae, api::load_vae(m->vae_dir.dir, *m->engine->backend));
+    }
+    return std::unique_ptr<Model>(new Model(std::move(m)));
+  });
+}
+
+Result<std::unique_ptr<Model>> Model::open_tokenizer(const std::string& path) {
+  return api::guarded("open tokenizer", [&]() -> Result<std::unique_ptr<Model>> {
+    auto m = std::make_unique<Impl>();
+    m->path = path;
+    m->tokenizer_only = true;
+    // A pipeline folder has its tokenizer in tokenizer/; a tokenizer folder is used as it is.
+    fs::path dir = path;
+    std::error_code ec;
+    if (fs::exists(dir / "model_index.json", ec) && fs::is_directory(dir / "tokenizer", ec)) dir /= "tokenizer";
+    KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(dir));
+    m->tokenizer.emplace(std::move(tok));
+    return std::unique_ptr<Model>(new Model(std::move(m)));
+  });
+}
+
+// ---- Model: phases ----------------------------------------------------------------------------
+
+Result<PromptEmbeddings> Model::encode_prompt(const std::string& prompt, const EncodeOptions& options,
+                                              const Callbacks& cb) {
+  return api::guarded("encode_prompt", [&]() -> Result<PromptEmbeddings> {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    KLEIN_RETURN_IF_ERROR(impl_->require_full_model("encode_prompt"));
+    Dumper dumper(options.dump.dir, options.dump.filter);
+    KLEIN_RETURN_IF_ERROR(dumper.status());
+    const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_ASSIGN_OR_RETURN(auto enc, impl_->encode_prompt(prompt, options.max_length, ctx));
+    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    PromptEmbeddings r;
+    static_cast<FloatArray&>(r) = to_array(enc.embeds);
+    r.ids = std::move(enc.ids);
+    r.mask = std::move(enc.mask);
+    r.num_real_tokens = enc.num_real_tokens;
+    r.untruncated_length = enc.untruncated_length;
+    return r;
+  });
+}
+
+Result<ReferenceLatents> Model::encode_references(const std::vector<std::string>& paths, const Callbacks& cb,
+                                                  const DumpOptions& dump) {
+  return api::guarded("encode_references", [&]() -> Result<ReferenceLatents> {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    KLEIN_RETURN_IF_ERROR(impl_->require_full_model("encode_references"));
+    Dumper dumper(dump.dir, dump.filter);
+    KLEIN_RETURN_IF_ERROR(dumper.status());
+    const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_ASSIGN_OR_RETURN(auto prepared, prepare_references(paths));
+    ReferenceLatents r;
+    if (prepared.empty()) return r;
+    KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
+    KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx));
+    for (size_t i = 0; i < latents.size(); ++i) {
+      r.latents.push_back(to_array(latents[i]));
+      r.paths.push_back(prepared[i].path);
+    }
+    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    return r;
+  });
+}
+
+Result<Latents> Model::denoise(const PromptEmbeddings& prompt, const ReferenceLatents& references,
+                               const DenoiseParams& p, const Callbacks& cb) {
+  return api::guarded("denoise", [&]() -> Result<Latents> {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    KLEIN_RETURN_IF_ERROR(impl_->require_full_model("denoise"));
+    KLEIN_ASSIGN_OR_RETURN(Tensor embeds, to_tensor(prompt, "prompt embeddings"));
+    std::vector<Tensor> refs;
+    for (size_t i = 0; i < references.latents.size(); ++i) {
+      KLEIN_ASSIGN_OR_RETURN(Tensor t, to_tensor(references.latents[i], "reference latent " + std::to_string(i + 1)));
+      if (t.shape().size() != 4) return invalid_argument("reference latent " + std::to_string(i + 1) + ": expected [1, 128, h, w]");
+      refs.push_back(std::move(t));
+    }
+    std::pair<int, int> first;
+    if (!refs.empty()) first = {static_cast<int>(refs[0].dim(3) * 16), static_cast<int>(refs[0].dim(2) * 16)};
+    KLEIN_ASSIGN_OR_RETURN(auto g, impl_->resolve(p.width, p.height, p.steps, refs.empty() ? nullptr : &first, cb.log));
+    KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&p.noise, p.noise_name, g.width, g.height, p.seed, p.bf16_noise));
+    Dumper dumper(p.dump.dir, p.dump.filter);
+    KLEIN_RETURN_IF_ERROR(dumper.status());
+    const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, refs, g, std::move(noise), ctx));
+    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    Latents r;
+    static_cast<FloatArray&>(r) = to_array(z);
+    return r;
+  });
+}
+
+Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const DumpOptions& dump) {
+  return api::guarded("decode", [&]() -> Result<Image> {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    KLEIN_RETURN_IF_ERROR(impl_->require_full_model("decode"));
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, to_tensor(latents, "latents"));
+    if (z.shape().size() != 4 || z.dim(0) != 1 || z.dim(1) != 128)
+      return invalid_argument("latents: shape " + shape_str(z.shape()) + ", expected [1, 128, H/16, W/16]");
+    Dumper dumper(dump.dir, dump.filter);
+    KLEIN_RETURN_IF_ERROR(dumper.status());
+    const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    return to_rgb8(image);
+  });
+}
+
+// ---- Model: the whole request -----------------------------------------------------------------
+
+Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbacks& cb) {
+  return api::guarded("generate", [&]() -> Result<GenerateResult> {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    Impl& m = *impl_;
+    KLEIN_RETURN_IF_ERROR(m.require_full_model("generate"));
+    // Reference images are read and preprocessed before any model work: a bad file fails fast.
+    KLEIN_ASSIGN_OR_RETURN(auto prepared, prepare_references(req.reference_images));
+    std::pair<int, int> first;
+    if (!prepared.empty())
+      first = {static_cast<int>(prepared[0].pixels.dim(3)), static_cast<int>(prepared[0].pixels.dim(2))};
+    KLEIN_ASSIGN_OR_RETURN(auto g, m.resolve(req.width, req.height, req.steps, prepared.empty() ? nullptr : &first, cb.log));
+    // The initial noise too (cheap, and a bad --noise file fails fast).
+    FloatArray given;
+    if (!req.noise_npy.empty()) {
+      KLEIN_ASSIGN_OR_RETURN(auto arr, read_npy(req.noise_npy));
+      given.shape = arr.shape;
+      given.data = arr.to_f32();
+    }
+    KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&given, req.noise_npy, g.width, g.height, req.seed, req.bf16_noise));
+    given = {};
+
+    Dumper dumper(req.dump.dir, req.dump.filter);
+    KLEIN_RETURN_IF_ERROR(dumper.status());
+    const RunContext ctx = api::make_run_context(*m.engine, &dumper, cb);
+
+    KLEIN_ASSIGN_OR_RETURN(auto prompt, m.encode_prompt(req.prompt, kKleinMaxSequenceLength, ctx));
+    // Editing: the VAE encodes the references and later decodes the result; it is mapped once
+    // and held for the request (a small component next to the transformer).
+    std::shared_ptr<const Flux2Vae> vae;
+    std::vector<Tensor> ref_latents;
+    if (!prepared.empty()) {
+      KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
+      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx));
+      prepared.clear();  // pixels no longer needed
+    }
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(prompt.embeds, ref_latents, g, std::move(noise), ctx));
+    if (!vae) {
+      KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
+    }
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+
+    GenerateResult r;
+    r.image = to_rgb8(image);
+    r.width = g.width;
+    r.height = g.height;
+    r.steps = g.steps;
+    r.metadata = {{"prompt", req.prompt},
+                  {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
+                  {"steps", std::to_string(g.steps)},
+                  {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
+                  {"model", fs::absolute(m.path).lexically_normal().string()},
+                  {"software", std::string("klein.cpp ") + version()}};
+    for (size_t i = 0; i < req.reference_images.size(); ++i)
+      r.metadata.emplace_back("reference" + std::to_string(i + 1), req.reference_images[i]);
+    return r;
+  });
+}
+
+// ---- Model: text ------------------------------------------------------------------------------
+
+Result<TokenizeResult> Model::tokenize(const std::string& text, bool chat_template, int max_length) const {
+  return api::guarded("tokenize", [&]() -> Result<TokenizeResult> {
+    if (max_length < 0) return invalid_argument("tokenize: max_length must be >= 0 (0: no padding)");
+    const std::string t = chat_template ? Tokenizer::klein_template(text) : text;
+    TokenizeResult r;
+    if (max_length > 0) {
+      auto p = impl_->tokenizer->encode_padded(t, max_length);
+      r.ids = std::move(p.ids);
+      r.mask = std::move(p.mask);
+    } else {
+      r.ids = impl_->tokenizer->encode(t);
+    }
+    return r;
+  });
+}
+
+}  // namespace klein

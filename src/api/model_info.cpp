@@ -1,0 +1,90 @@
+// Model::inspect / Model::info: what `klein info` prints, as data.
+#include <map>
+
+#include "api/guard.h"
+#include "api/model_impl.h"
+#include "core/format.h"
+#include "io/safetensors.h"
+
+namespace klein {
+
+namespace {
+
+// Scalars, booleans and short numeric lists of a config, in file order; "_"-keys are metadata.
+std::vector<std::pair<std::string, std::string>> config_entries(const nlohmann::json& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+    if (it.key().starts_with("_")) continue;
+    if (it->is_number() || it->is_boolean() || (it->is_array() && it->size() <= 8 && !it->empty() && (*it)[0].is_number()))
+      out.emplace_back(it.key(), it->dump());
+  }
+  return out;
+}
+
+ModelInfo describe(const ModelFolder& m) {
+  ModelInfo info;
+  info.path = m.root().string();
+  info.pipeline_class = m.pipeline_class();
+  info.distilled = m.is_distilled();
+  for (const auto& [name, ci] : m.components()) {
+    ComponentSummary c;
+    c.name = name;
+    c.class_name = ci.class_name;
+    c.library = ci.library;
+    auto comp = m.component(name);
+    if (!comp.ok()) {
+      c.error = "missing: " + comp.status().message();
+      info.components.push_back(std::move(c));
+      continue;
+    }
+    c.dir = comp->dir.string();
+    if (name != "tokenizer") {
+      auto cfg = m.config(name);
+      if (!cfg.ok()) c.error = "config: " + cfg.status().message();
+      else c.config = config_entries(*cfg);
+    }
+    if (name != "tokenizer" && name != "scheduler" && c.error.empty()) {
+      auto store = WeightStore::open(comp->dir);
+      if (!store.ok()) {
+        c.error = "weights: " + store.status().message();
+      } else {
+        std::map<std::string, ComponentSummary::DTypeShare> by_dtype;
+        for (const auto& n : store->names()) {
+          const TensorEntry* e = store->entry(n);
+          const double cnt = static_cast<double>(shape_numel(e->shape));
+          c.parameters += cnt;
+          auto& slot = by_dtype[std::string(dtype_name(e->dtype))];
+          slot.dtype = dtype_name(e->dtype);
+          slot.parameters += cnt;
+          slot.bytes += e->nbytes;
+        }
+        c.has_weights = true;
+        c.files = store->files().size();
+        c.tensors = store->names().size();
+        c.bytes = store->total_bytes();
+        for (auto& [k, v] : by_dtype) c.by_dtype.push_back(v);
+      }
+    }
+    info.errors += !c.error.empty();
+    info.components.push_back(std::move(c));
+  }
+  return info;
+}
+
+}  // namespace
+
+Result<ModelInfo> Model::inspect(const std::string& path) {
+  return api::guarded("inspect", [&]() -> Result<ModelInfo> {
+    KLEIN_ASSIGN_OR_RETURN(auto folder, ModelFolder::open(path));
+    return describe(folder);
+  });
+}
+
+Result<ModelInfo> Model::info() const {
+  return api::guarded("info", [&]() -> Result<ModelInfo> {
+    KLEIN_RETURN_IF_ERROR(impl_->require_full_model("info"));
+    return describe(impl_->folder);
+  });
+}
+
+}  // namespace klein

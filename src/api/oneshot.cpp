@@ -1,0 +1,49 @@
+// The free functions of the public API: one-shot generate, save_png, cpu_info, version.
+#include "api/components.h"
+#include "api/guard.h"
+#include "io/png_writer.h"
+#include "klein/klein.h"
+
+namespace klein {
+
+const char* version() { return KLEIN_VERSION; }
+
+Result<std::string> cpu_info(const std::string& isa) {
+  return api::guarded("cpu info", [&]() -> Result<std::string> { return api::cpu_report(isa); });
+}
+
+Result<GenerateResult> generate(const GenerateOptions& opt) {
+  return api::guarded("generate", [&]() -> Result<GenerateResult> {
+    LoadOptions lo;
+    lo.threads = opt.threads;
+    lo.memory = MemoryPolicy::kLow;
+    KLEIN_ASSIGN_OR_RETURN(auto model, Model::open(opt.model_dir, lo));
+    GenerateRequest req;
+    req.prompt = opt.prompt;
+    req.width = opt.width;
+    req.height = opt.height;
+    req.steps = opt.steps;
+    req.seed = opt.seed;
+    req.noise_npy = opt.noise_npy;
+    req.bf16_noise = opt.bf16_noise;
+    req.reference_images = opt.reference_images;
+    req.dump = {opt.dump_dir, opt.dump_filter};
+    Callbacks cb;
+    cb.progress = opt.on_progress;
+    cb.cancel = opt.should_cancel;
+    cb.log = opt.on_log;
+    return model->generate(req, cb);
+  });
+}
+
+Status save_png(const std::string& path, const Image& image,
+                const std::vector<std::pair<std::string, std::string>>& metadata) {
+  return api::guarded("save_png", [&]() -> Status {
+    if (image.width <= 0 || image.height <= 0 ||
+        image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
+      return invalid_argument("save_png: image buffer does not match its size");
+    return write_png(path, image.width, image.height, image.rgb.data(), metadata);
+  });
+}
+
+}  // namespace klein

@@ -1,0 +1,76 @@
+#include "pipeline/denoise.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pipeline/latents.h"
+#include "pipeline/noise.h"
+
+namespace klein {
+
+Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_embeds, const ReferenceTokens& refs,
+                           Tensor noise, const Schedule& schedule, const RunContext& ctx) {
+  const int64_t th = noise.dim(2), tw = noise.dim(3);
+  const int steps = static_cast<int>(schedule.timesteps.size());
+  // Model input tokens: the N noisy latents, then the reference tokens (ids T = 10, 20, ...).
+  Flux2Ids img_ids = flux2_image_ids(static_cast<int>(th), static_cast<int>(tw), 0);
+  img_ids.insert(img_ids.end(), refs.ids.begin(), refs.ids.end());
+  const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt_embeds.dim(1)));
+  const int64_t N = th * tw, S_ref = refs.tokens.empty() ? 0 : refs.tokens.dim(0);
+  Tensor latents = pack_latents(noise);  // [N, 128]
+  Tensor model_in({N + S_ref, 128});
+  if (S_ref) std::memcpy(model_in.data() + N * 128, refs.tokens.data(), S_ref * 128 * sizeof(float));
+  ctx.report("denoise", 0, steps);
+  for (int i = 0; i < steps; ++i) {
+    KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
+    const float t = schedule.timesteps[i];
+    std::memcpy(model_in.data(), latents.data(), N * 128 * sizeof(float));
+    KLEIN_ASSIGN_OR_RETURN(Tensor v, dit.forward(model_in, prompt_embeds, t / 1000.0f, img_ids, txt_ids, ctx));
+    v.reshape({v.numel() / 128, 128});
+    if (S_ref) {  // keep only the noise tokens' prediction
+      Tensor vn({N, 128});
+      std::memcpy(vn.data(), v.data(), N * 128 * sizeof(float));
+      v = std::move(vn);
+    }
+    KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
+    if (ctx.dumper) {
+      ctx.dump("velocity_step" + std::to_string(i + 1), unpack_latents(v, th, tw));
+      ctx.dump("latents_step" + std::to_string(i + 1), unpack_latents(latents, th, tw));
+    }
+    ctx.report("denoise", i + 1, steps);
+  }
+  Tensor z = unpack_latents(latents, th, tw);  // [1, 128, th, tw]
+  if (!all_finite(z.data(), z.numel()))
+    return internal_error("denoising produced non-finite latents (NaN/Inf); no image written");
+  return z;
+}
+
+Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx) {
+  KLEIN_RETURN_IF_ERROR(ctx.check_cancel("decoding"));
+  KLEIN_RETURN_IF_ERROR(denormalize_latents(z, vae.latent_stats()));
+  KLEIN_ASSIGN_OR_RETURN(Tensor zu, unpatchify(z));  // [1, 32, 2*th, 2*tw]: the VAE's input
+  ctx.dump("latents_final", zu);
+  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx));
+  ctx.dump("image", image);
+  if (!all_finite(image.data(), image.numel()))
+    return internal_error("the VAE produced a non-finite image (NaN/Inf); no image written");
+  return image;
+}
+
+Image to_rgb8(const Tensor& img) {
+  const int64_t H = img.dim(2), W = img.dim(3), n = H * W;
+  Image out;
+  out.width = static_cast<int>(W);
+  out.height = static_cast<int>(H);
+  out.rgb.resize(static_cast<size_t>(n) * 3);
+  for (int c = 0; c < 3; ++c)
+    for (int64_t i = 0; i < n; ++i) {
+      float v = img.data()[c * n + i] * 0.5f + 0.5f;
+      v = std::min(1.0f, std::max(0.0f, v));
+      out.rgb[i * 3 + c] = static_cast<uint8_t>(std::nearbyint(v * 255.0f));
+    }
+  return out;
+}
+
+}  // namespace klein
