@@ -22,7 +22,8 @@ if [ ! -f "$model/model_index.json" ]; then
   "$build/klein-make_random_model" --out "$model" --seed 0 --tokenizer "$root/tests/data/tiny/tokenizer"
 fi
 
-sha=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The commit column: KLEIN_BENCH_LABEL when the binary is not this checkout's build.
+sha=${KLEIN_BENCH_LABEL:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
 [ -f "$results" ] || printf '# klein.cpp benchmark results\n\nFull-size random-weight FLUX.2 [klein] 4B (bf16 files, fp32 compute), `klein generate`, 4 steps.\nTimes in seconds; RSS = peak resident set (mmapped weights count when touched).\n\n| date | commit | cpu | threads | size | mode | text encode | ref encode | load dit | denoise | decode | total | peak RSS GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n' > "$results"
 

@@ -4,6 +4,7 @@
 #include "api/guard.h"
 #include "api/model_impl.h"
 #include "core/format.h"
+#include "io/tensor_source.h"
 #include "io/safetensors.h"
 
 namespace klein {
@@ -44,25 +45,37 @@ ModelInfo describe(const ModelFolder& m) {
       else c.config = config_entries(*cfg);
     }
     if (name != "tokenizer" && name != "scheduler" && c.error.empty()) {
-      auto store = WeightStore::open(comp->dir);
-      if (!store.ok()) {
-        c.error = "weights: " + store.status().message();
+      // Through the tensor source, so a quantized weight counts once, in its format (an MLX
+      // 4-bit matrix as Q4_G64 [rows, cols], not as U32 words plus scales and biases).
+      auto src = SafetensorsSource::open(comp->dir);
+      if (!src.ok()) {
+        c.error = "weights: " + src.status().message();
       } else {
-        std::map<std::string, ComponentSummary::DTypeShare> by_dtype;
-        for (const auto& n : store->names()) {
-          const TensorEntry* e = store->entry(n);
-          const double cnt = static_cast<double>(shape_numel(e->shape));
+        std::map<std::string, ComponentSummary::DTypeShare> by_format;
+        const std::vector<std::string> names = (*src)->names();
+        for (const auto& n : names) {
+          auto w = (*src)->get(n);
+          if (!w.ok()) {
+            c.error = "weights: " + w.status().message();
+            break;
+          }
+          const FormatTraits& f = w->format();
+          const double cnt = static_cast<double>(w->numel());
+          uint64_t bytes = w->nbytes;
+          if (f.scales == ScalePlace::kSeparate)
+            bytes += static_cast<uint64_t>(w->rows() * w->blocks_per_row()) * dtype_size(w->scale_dtype) *
+                     (f.has_offsets ? 2 : 1);
           c.parameters += cnt;
-          auto& slot = by_dtype[std::string(dtype_name(e->dtype))];
-          slot.dtype = dtype_name(e->dtype);
+          auto& slot = by_format[std::string(f.name)];
+          slot.dtype = f.name;
           slot.parameters += cnt;
-          slot.bytes += e->nbytes;
+          slot.bytes += bytes;
         }
         c.has_weights = true;
-        c.files = store->files().size();
-        c.tensors = store->names().size();
-        c.bytes = store->total_bytes();
-        for (auto& [k, v] : by_dtype) c.by_dtype.push_back(v);
+        c.files = (*src)->store().files().size();
+        c.tensors = names.size();
+        c.bytes = (*src)->total_bytes();
+        for (auto& [k, v] : by_format) c.by_dtype.push_back(v);
       }
     }
     info.errors += !c.error.empty();

@@ -6,7 +6,7 @@
 
 #include "io/json_file.h"
 #include "kernels/kernels.h"
-#include "kernels/ops.h"
+#include "kernels/ref/elementwise.h"
 #include "models/bind.h"
 
 namespace fs = std::filesystem;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "pipeline/latents.h"
 #include "pipeline/noise.h"
@@ -18,21 +17,27 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
   img_ids.insert(img_ids.end(), refs.ids.begin(), refs.ids.end());
   const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt_embeds.dim(1)));
   const int64_t N = th * tw, S_ref = refs.tokens.empty() ? 0 : refs.tokens.dim(0);
+  // The latents and the Euler update stay on the host (bit-exact float32, as the scheduler does
+  // it); the transformer input and output live on the backend's device: per step the N latent
+  // rows go up and the N velocity rows come back (on the CPU backend, two small copies).
+  Backend& be = ctx.be();
   Tensor latents = pack_latents(noise);  // [N, 128]
-  Tensor model_in({N + S_ref, 128});
-  if (S_ref) std::memcpy(model_in.data() + N * 128, refs.tokens.data(), S_ref * 128 * sizeof(float));
+  KLEIN_ASSIGN_OR_RETURN(Tensor model_in, be.alloc({N + S_ref, 128}, "the transformer input"));
+  if (S_ref) {
+    KLEIN_ASSIGN_OR_RETURN(Tensor rt, be.upload(refs.tokens.data(), {S_ref, 128}, "the reference tokens"));
+    KLEIN_RETURN_IF_ERROR(be.copy(rt, model_in.view().row_range(N, N + S_ref)));
+  }
   ctx.report("denoise", 0, steps);
   for (int i = 0; i < steps; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
     const float t = schedule.timesteps[i];
-    std::memcpy(model_in.data(), latents.data(), N * 128 * sizeof(float));
-    KLEIN_ASSIGN_OR_RETURN(Tensor v, dit.forward(model_in, prompt_embeds, t / 1000.0f, img_ids, txt_ids, ctx));
-    v.reshape({v.numel() / 128, 128});
-    if (S_ref) {  // keep only the noise tokens' prediction
-      Tensor vn({N, 128});
-      std::memcpy(vn.data(), v.data(), N * 128 * sizeof(float));
-      v = std::move(vn);
+    {
+      KLEIN_ASSIGN_OR_RETURN(Tensor x, be.upload(latents.data(), {N, 128}, "the latents"));
+      KLEIN_RETURN_IF_ERROR(be.copy(x, model_in.view().row_range(0, N)));
     }
+    KLEIN_ASSIGN_OR_RETURN(Tensor out, dit.forward(model_in, prompt_embeds, t / 1000.0f, img_ids, txt_ids, ctx));
+    // Only the noise tokens' prediction is used (the reference tokens' rows are dropped).
+    KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out.view().reshaped({out.numel() / 128, 128}).row_range(0, N)));
     KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
     if (ctx.dumper) {
       ctx.dump("velocity_step" + std::to_string(i + 1), unpack_latents(v, th, tw));

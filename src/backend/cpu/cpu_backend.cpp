@@ -8,7 +8,7 @@
 #include <new>
 
 #include "kernels/kernels.h"
-#include "kernels/ops.h"
+#include "kernels/ref/elementwise.h"
 
 namespace klein {
 namespace {

@@ -1,4 +1,4 @@
-#include "kernels/ops.h"
+#include "kernels/ref/elementwise.h"
 
 #include <cmath>
 
