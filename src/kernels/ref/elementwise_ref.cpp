@@ -4,6 +4,34 @@
 
 namespace klein::ops {
 
+namespace {
+
+// LayerNorm / GroupNorm statistics of x[0, n): two passes in double (mean, then the centred
+// biased variance, as torch), rounded to float at the end.
+struct MeanRstd {
+  float mean, rstd;
+};
+MeanRstd mean_rstd(const float* x, int64_t n, double eps) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  const double mean = s / static_cast<double>(n);
+  double v = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = x[i] - mean;
+    v += d * d;
+  }
+  return {static_cast<float>(mean), static_cast<float>(1.0 / std::sqrt(v / static_cast<double>(n) + eps))};
+}
+
+// 1 / sqrt(mean(x²) + eps), the sum of squares in double.
+float rms_inv(const float* x, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+}
+
+}  // namespace
+
 void rms_norm(const float* x, float* y, const float* w, int64_t rows, int64_t n, float eps,
               ThreadPool* pool, int64_t ld) {
   if (ld == 0) ld = n;
@@ -11,9 +39,7 @@ void rms_norm(const float* x, float* y, const float* w, int64_t rows, int64_t n,
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * ld;
       float* yr = y + r * ld;
-      double ss = 0.0;  // double keeps the statistic exact enough for 1e-6-level parity
-      for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
-      const float inv = 1.0f / std::sqrt(static_cast<float>(ss / n) + eps);
+      const float inv = rms_inv(xr, n, eps);
       if (w) {
         for (int64_t i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
       } else {
@@ -31,18 +57,9 @@ void layer_norm(const float* x, float* y, const float* w, const float* b, int64_
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
-      double s = 0.0;
-      for (int64_t i = 0; i < n; ++i) s += xr[i];
-      const double mean = s / n;
-      double v = 0.0;
+      const MeanRstd st = mean_rstd(xr, n, eps);
       for (int64_t i = 0; i < n; ++i) {
-        const double d = xr[i] - mean;
-        v += d * d;
-      }
-      const float inv = static_cast<float>(1.0 / std::sqrt(v / n + eps));
-      const float m = static_cast<float>(mean);
-      for (int64_t i = 0; i < n; ++i) {
-        float t = (xr[i] - m) * inv;
+        float t = (xr[i] - st.mean) * st.rstd;
         if (w) t *= w[i];
         if (b) t += b[i];
         yr[i] = t;
@@ -71,39 +88,19 @@ void gelu_tanh(float* x, int64_t n) {
 
 void modulated_layer_norm_row(const float* xr, float* yr, int64_t D, float eps, const float* onep,
                               const float* shift) {
-  double s = 0.0;
-  for (int64_t i = 0; i < D; ++i) s += xr[i];
-  const double mean = s / static_cast<double>(D);
-  double v = 0.0;
+  const MeanRstd st = mean_rstd(xr, D, eps);
   for (int64_t i = 0; i < D; ++i) {
-    const double d = xr[i] - mean;
-    v += d * d;
-  }
-  const float rstd = static_cast<float>(1.0 / std::sqrt(v / static_cast<double>(D) + eps));
-  const float m = static_cast<float>(mean);
-  for (int64_t i = 0; i < D; ++i) {
-    const float n = (xr[i] - m) * rstd;
+    const float n = (xr[i] - st.mean) * st.rstd;
     yr[i] = onep[i] * n + shift[i];
   }
 }
 
 void group_norm_affine_group(const float* p, int64_t cpg, int64_t hw, double eps, const float* gamma,
                              const float* beta, float* scale, float* shift) {
-  const int64_t n_el = cpg * hw;
-  double sum = 0;
-  for (int64_t i = 0; i < n_el; ++i) sum += p[i];
-  const double mean = sum / static_cast<double>(n_el);
-  double ss = 0;
-  for (int64_t i = 0; i < n_el; ++i) {
-    const double d = p[i] - mean;
-    ss += d * d;
-  }
-  const double var = ss / static_cast<double>(n_el);
-  const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-  const float meanf = static_cast<float>(mean);
+  const MeanRstd st = mean_rstd(p, cpg * hw, eps);
   for (int64_t c = 0; c < cpg; ++c) {
-    scale[c] = gamma[c] * rstd;
-    shift[c] = beta[c] - meanf * scale[c];
+    scale[c] = gamma[c] * st.rstd;
+    shift[c] = beta[c] - st.mean * scale[c];
   }
 }
 
@@ -134,10 +131,7 @@ void rope_interleaved_head(float* v, int64_t D, const float* c, const float* s) 
 }
 
 void rms_norm_head(float* v, int64_t D, const float* w, float eps) {
-  double ssd = 0.0;
-  for (int64_t i = 0; i < D; ++i) ssd += static_cast<double>(v[i]) * v[i];
-  const float ss = static_cast<float>(ssd / static_cast<double>(D));
-  const float inv = 1.0f / std::sqrt(ss + eps);
+  const float inv = rms_inv(v, D, eps);
   for (int64_t i = 0; i < D; ++i) v[i] = (v[i] * inv) * w[i];
 }
 
