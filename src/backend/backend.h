@@ -20,18 +20,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/attn_mask.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/weight.h"
 
 namespace klein {
-
-// Masking for attention(). A key j is visible to query i iff
-//   (!causal || j <= i)  &&  (key_valid == nullptr || key_valid[j] != 0).
-struct AttnMask {
-  bool causal = false;
-  const uint8_t* key_valid = nullptr;  // [Sk] host bytes, or null
-};
 
 // conv2d options. Besides stride and (asymmetric) zero padding, the op folds in the element-wise
 // steps around every VAE conv: a per-input-channel prologue v = in_scale[c]·x + in_shift[c]

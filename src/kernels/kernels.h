@@ -11,12 +11,12 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "core/attn_mask.h"
 #include "core/weight.h"
 
 namespace klein::kernels {
 
-using klein::AttnMask;  // backend/backend.h
+using klein::AttnMask;  // core/attn_mask.h
 
 namespace ref {
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,

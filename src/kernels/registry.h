@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "backend/backend.h"
+#include "core/attn_mask.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"

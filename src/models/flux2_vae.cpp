@@ -10,8 +10,6 @@
 #include <cstring>
 
 #include "io/json_file.h"
-#include "kernels/conv2d.h"
-#include "kernels/kernels.h"
 #include "models/bind.h"
 
 namespace fs = std::filesystem;

@@ -5,8 +5,6 @@
 #include <cstring>
 
 #include "io/json_file.h"
-#include "kernels/kernels.h"
-#include "kernels/ref/elementwise.h"
 #include "models/bind.h"
 
 namespace fs = std::filesystem;
