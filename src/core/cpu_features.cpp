@@ -14,7 +14,7 @@ namespace klein {
 namespace {
 
 constexpr std::array<std::string_view, static_cast<int>(Isa::kCount)> kIsaNames = {
-    "scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni"};
+    "scalar", "avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_bf16"};
 
 #if defined(__x86_64__)
 bool bit(unsigned v, int i) { return (v >> i) & 1u; }

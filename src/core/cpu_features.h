@@ -10,15 +10,16 @@
 
 namespace klein {
 
-// Ordered from the most portable to the most specific; a kernel for ISA i needs every feature
-// listed for it in isa_requirements(i).
+// In order of preference: among the kernels for one (op, format) that this CPU can run, the one
+// with the highest ISA wins, and a ceiling admits every ISA up to it. AVX-VNNI (256-bit int8 dot
+// products) ranks below AVX-512, so a CPU with both runs the 512-bit kernels.
 enum class Isa : uint8_t {
   kScalar,      // plain C++ (the references)
   kAvx2,        // AVX2 + FMA + F16C
-  kAvx512,      // AVX-512 F/BW/DQ/VL
+  kAvxVnni,     // AVX2 + AVX-VNNI (int8 dot products on 256-bit vectors)
+  kAvx512,      // AVX-512 F/BW/DQ/VL (+ the AVX2 set)
   kAvx512Vnni,  // + AVX512_VNNI (int8 dot products)
   kAvx512Bf16,  // + AVX512_BF16 (bf16 dot products)
-  kAvxVnni,     // AVX2 + AVX-VNNI (int8 dot products on 256-bit vectors)
   kCount,
 };
 
