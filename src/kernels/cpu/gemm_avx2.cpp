@@ -28,6 +28,7 @@ constexpr int64_t kKC = 256;  // K depth of a packed slice
 constexpr int64_t kNC = 256;  // output columns per packed slab (multiple of kNR)
 constexpr int64_t kGemvMaxM = 4;
 
+// The element types load8_f32 widens in registers; other formats are expanded row-wise first.
 bool is_plain(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
 
 // A row-major [rows, ld] matrix of f32/bf16/f16 elements.
@@ -163,7 +164,7 @@ void gemv(const float* x, int64_t M, int64_t K, const Weight& W, const float* bi
             w = reinterpret_cast<const uint8_t*>(conv);
             dt = DType::kF32;
           }
-          const size_t esz = dt == DType::kF32 ? 4 : 2;
+          const size_t esz = dtype_size(dt);
           float out[kGemvMaxM];
           switch (M) {
             case 4: gemv_rows<4>(x, ldx, w, dt, esz, K, out); break;
