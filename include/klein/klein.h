@@ -74,8 +74,10 @@ struct Callbacks {
   std::function<bool()> cancel;
   // Warnings and notes (e.g. a size floored to a multiple of 16).
   std::function<void(const std::string&)> log;
-  // An intermediate image after a denoising step. Called only where previews exist; this
-  // version produces none yet (a latent-to-RGB preview decoder is future work).
+  // A live preview after each denoising step (step = 1..total), at the output size: the step's
+  // predicted clean latent x0 = x − σ·v projected to RGB by a fixed linear map of the 32 VAE
+  // latent channels (no VAE run; a few ms at 1024²), nearest-upsampled. Setting it costs, in
+  // MemoryPolicy::kLow, one extra mapping of the VAE for its batch-norm statistics.
   std::function<void(int step, int total, const Image& preview)> preview;
 };
 

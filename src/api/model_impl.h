@@ -57,8 +57,10 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
 
   // The request steps on internal tensors (the caller holds `mu`).
   Result<PromptEncoding> encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx);
+  // With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
   Result<Tensor> denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
-                         Tensor noise, const RunContext& ctx);
+                         Tensor noise, const RunContext& ctx,
+                         const std::function<void(int, int, const Image&)>& preview = {});
 };
 
 // Copies between the public arrays and engine tensors.
