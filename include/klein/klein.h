@@ -64,6 +64,12 @@ struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores
   MemoryPolicy memory = MemoryPolicy::kLow;
   std::string isa;                       // "": the best this CPU has; else a ceiling: "scalar", "avx2", ...
+  // Seamless tiled VAE decoding/encoding (equal to the whole-image pass to float rounding, in a
+  // fraction of the memory): the tile size in image pixels (a multiple of 8); 0: automatic —
+  // 512-pixel tiles when the whole-image pass would need more than vae_tile_above_gib of
+  // activations (about 1024² and beyond); < 0: never.
+  int vae_tile = 0;
+  double vae_tile_above_gib = 4.0;
 };
 
 // Caller hooks. All are optional and called on the calling thread.

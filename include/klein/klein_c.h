@@ -67,6 +67,7 @@ typedef struct klein_load_params {
   int threads;        /* 0: all cores */
   int memory;         /* a klein_memory_policy */
   const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
+  int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
 } klein_load_params;
 
 typedef struct klein_generate_params {

@@ -61,6 +61,13 @@ Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() {
   return api::load_vae(vae_dir.dir, *engine->backend);
 }
 
+VaeTiling Model::Impl::vae_tiling() const {
+  VaeTiling t;
+  t.tile = options.vae_tile;
+  if (options.vae_tile_above_gib > 0) t.auto_above_bytes = static_cast<uint64_t>(options.vae_tile_above_gib * (1 << 30));
+  return t;
+}
+
 Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
                                                    const std::function<void(const std::string&)>& log) const {
   if (width < 0 || height < 0) return invalid_argument("width and height must be positive");
@@ -247,7 +254,7 @@ Result<ReferenceLatents> Model::encode_references(const std::vector<std::string>
     ReferenceLatents r;
     if (prepared.empty()) return r;
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
-    KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx));
+    KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx, impl_->vae_tiling()));
     for (size_t i = 0; i < latents.size(); ++i) {
       r.latents.push_back(to_array(latents[i]));
       r.paths.push_back(prepared[i].path);
@@ -295,7 +302,7 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
-    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, impl_->vae_tiling()));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     return to_rgb8(image);
   });
@@ -335,14 +342,14 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     std::vector<Tensor> ref_latents;
     if (!prepared.empty()) {
       KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
-      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx));
+      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx, m.vae_tiling()));
       prepared.clear();  // pixels no longer needed
     }
     KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(prompt.embeds, ref_latents, g, std::move(noise), ctx, cb.preview));
     if (!vae) {
       KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, m.vae_tiling()));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
 
     GenerateResult r;

@@ -46,6 +46,8 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   Result<std::shared_ptr<const Qwen3Encoder>> text_encoder();
   Result<std::shared_ptr<const Flux2Transformer>> transformer(const RunContext& ctx);
   Result<std::shared_ptr<const Flux2Vae>> vae_model();
+  // The VAE's tiling from the load options.
+  VaeTiling vae_tiling() const;
 
   // Resolves the output size (0: the first reference's, else 1024; floored to multiples of 16
   // with a note through `log`) and the step count.

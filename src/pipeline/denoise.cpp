@@ -59,12 +59,12 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
   return z;
 }
 
-Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx) {
+Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx, const VaeTiling& tiling) {
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("decoding"));
   KLEIN_RETURN_IF_ERROR(denormalize_latents(z, vae.latent_stats()));
   KLEIN_ASSIGN_OR_RETURN(Tensor zu, unpatchify(z));  // [1, 32, 2*th, 2*tw]: the VAE's input
   ctx.dump("latents_final", zu);
-  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx));
+  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx, tiling));
   ctx.dump("image", image);
   if (!all_finite(image.data(), image.numel()))
     return internal_error("the VAE produced a non-finite image (NaN/Inf); no image written");

@@ -32,7 +32,8 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
 
 // z: [1, 128, th, tw] normalised latents -> the VAE's image [1, 3, 16·th, 16·tw], finite or an
 // error. Dumps "latents_final" (the VAE input) and "image".
-Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx);
+// `tiling`: the VAE's tiled decoding (models/flux2_vae.h).
+Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx, const VaeTiling& tiling = {});
 
 // (x * 0.5 + 0.5).clamp(0, 1), then (x * 255).round() half-to-even, as diffusers' "pil" output.
 Image to_rgb8(const Tensor& image);

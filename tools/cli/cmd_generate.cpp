@@ -23,7 +23,7 @@ Command make_generate_command() {
   struct Opts {
     std::string model, prompt, out, preview, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa;
     std::vector<std::string> refs;
-    int width = 0, height = 0, steps = 0, threads = 0;
+    int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
     uint64_t seed = 0;
     bool quiet = false;
   };
@@ -53,6 +53,10 @@ Command make_generate_command() {
                   "low: one component in memory at a time (default); resident: keep all loaded")
         ->check(CLI::IsMember({"low", "resident"}));
     s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, ... (default: the best)");
+    s->add_option("--vae-tile", o->vae_tile,
+                  "Decode/encode with the VAE in seamless tiles of N image pixels (a multiple of 8; same image, less "
+                  "memory). Default: automatic, tiles only very large images")
+        ->check(CLI::Range(8, 8192));
     s->add_option("--preview", o->preview,
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
@@ -84,6 +88,7 @@ Command make_generate_command() {
     lo.threads = o->threads;
     lo.memory = o->memory == "resident" ? MemoryPolicy::kResident : MemoryPolicy::kLow;
     lo.isa = o->isa;
+    lo.vae_tile = o->vae_tile;
     GenerateRequest g;
     g.prompt = o->prompt;
     g.width = o->width;
