@@ -4,6 +4,7 @@
 // patchify / unpatchify / normalise helpers of pipeline/latents.h.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -425,6 +426,49 @@ TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{}, true), 0);             // small: whole image
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, true), 512);
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, false), 512);
+}
+
+}  // namespace
+}  // namespace klein
+
+// A measurement on a full-size VAE, skipped unless KLEIN_FULL_VAE names its folder (e.g. the
+// random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
+// whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
+// both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS).
+namespace klein {
+namespace {
+
+TEST(Flux2VaeTiled, FullSizeMeasurement) {
+  const char* dir = std::getenv("KLEIN_FULL_VAE");
+  if (!dir) GTEST_SKIP() << "set KLEIN_FULL_VAE to a full-size vae/ folder";
+  auto env = [](const char* n, const char* d) { const char* v = std::getenv(n); return std::string(v ? v : d); };
+  const int64_t px = std::stoll(env("KLEIN_FULL_VAE_PX", "256")), tile = std::stoll(env("KLEIN_FULL_VAE_TILE", "96"));
+  const std::string mode = env("KLEIN_FULL_VAE_MODE", "compare");
+  auto vae = Flux2Vae::load(fs::path(dir));
+  ASSERT_TRUE(vae.ok()) << vae.status().to_string();
+  CpuBackend pool(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &pool;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  Tensor z({1, 32, px / 8, px / 8});
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = nd(rng);
+  auto timed = [&](const VaeTiling& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = vae->decode(z, ctx, t);
+    std::printf("[ full vae ] %s decode %lldx%lld: %.1f s\n", t.tile > 0 ? "tiled" : "whole", static_cast<long long>(px),
+                static_cast<long long>(px), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return r;
+  };
+  Result<Tensor> whole = Tensor(), tiled = Tensor();
+  if (mode != "tiled") whole = timed(VaeTiling{.tile = -1});
+  if (mode != "whole") tiled = timed(VaeTiling{.tile = tile});
+  ASSERT_TRUE(whole.ok() && tiled.ok());
+  if (mode == "compare") {
+    const double e = rel_err(*tiled, *whole);
+    std::printf("[ full vae ] tile %lld: max|tiled - whole| / max|whole| = %.3g\n", static_cast<long long>(tile), e);
+    EXPECT_LE(e, 1e-5);
+  }
 }
 
 }  // namespace
