@@ -225,6 +225,42 @@ TEST_P(BackendOps, GroupNormAffine) {
   expect_near(down(shift), want_b, 2e-6, "group_norm shift");
 }
 
+// The tiled GroupNorm: statistics accumulated over three row bands of x (as tiles) give the
+// affine of the whole tensor; the bands are uneven and the values offset (mean ≫ spread) so a
+// naive Σx² formula would lose digits.
+TEST_P(BackendOps, GroupNormStatsOverTiles) {
+  const int64_t C = 6, H = 7, W = 5, G = 3, HW = H * W;
+  const auto xs = randv(C * HW, 19, 99.0f, 101.0f), gs = randv(C, 20), bs = randv(C, 21);
+  GroupStats acc;
+  for (auto [y0, y1] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {3, 7}}) {
+    std::vector<float> band;
+    for (int64_t c = 0; c < C; ++c) band.insert(band.end(), xs.begin() + c * HW + y0 * W, xs.begin() + c * HW + y1 * W);
+    ASSERT_TRUE(be->group_norm_stats(up(band, {1, C, y1 - y0, W}), G, acc).ok());
+  }
+  Tensor scale = std::move(be->alloc({C}, "s")).value(), shift = std::move(be->alloc({C}, "s")).value();
+  ASSERT_TRUE(be->group_norm_affine_from_stats(acc, f32_weight(gs, {C}), f32_weight(bs, {C}), 1e-6, scale, shift).ok());
+  std::vector<double> want_s(C), want_b(C);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t n = C / G * HW;
+    double s = 0, ss = 0;
+    for (int64_t i = 0; i < n; ++i) s += xs[g * n + i];
+    const double mean = s / n;
+    for (int64_t i = 0; i < n; ++i) ss += (xs[g * n + i] - mean) * (xs[g * n + i] - mean);
+    EXPECT_EQ(acc.count[g], n);
+    EXPECT_NEAR(acc.mean[g], mean, 1e-12 * mean);
+    EXPECT_NEAR(acc.m2[g], ss, 1e-9 * ss);
+    const double rstd = 1.0 / std::sqrt(ss / n + 1e-6);
+    for (int64_t c = g * C / G; c < (g + 1) * C / G; ++c) {
+      want_s[c] = gs[c] * rstd;
+      want_b[c] = bs[c] - mean * want_s[c];
+    }
+  }
+  expect_near(down(scale), want_s, 2e-6, "group_norm_stats scale");
+  expect_near(down(shift), want_b, 2e-6, "group_norm_stats shift");
+  // Misuse is a status, not a crash: a group count the accumulator was not sized for.
+  EXPECT_FALSE(be->group_norm_stats(up(xs, {1, C, H, W}), 2, acc).ok());
+}
+
 TEST_P(BackendOps, RopeHalfInterleavedAndQkNorm) {
   const int64_t L = 3, D = 8;
   const int H = 2;

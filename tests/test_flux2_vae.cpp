@@ -4,6 +4,7 @@
 // patchify / unpatchify / normalise helpers of pipeline/latents.h.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -363,6 +364,111 @@ TEST(Latents, NormalizeRoundTrip) {
   // bf16 arithmetic: every result is a bf16 value.
   ASSERT_TRUE(denormalize_latents(z, s, LatentArith::kBF16).ok());
   for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(z.data()[i], round_bf16(z.data()[i]));
+}
+
+}  // namespace
+}  // namespace klein
+
+// ------------------------------------------------------------------------------------------
+// Tiled decode / encode: equal to the whole-image pass (≤ 1e-5 relative) at tile sizes that
+// divide the image and ones that do not, with every activation kept whole between the
+// statistics passes (the default budget on this tiny model) and with none (pure recompute).
+// ------------------------------------------------------------------------------------------
+namespace klein {
+namespace {
+
+TEST(Flux2VaeTiled, DecodeEqualsWholeImage) {
+  const Flux2Vae& vae = tiny_vae();
+  CpuBackend pool(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &pool;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  Tensor z({1, 32, 7, 5});  // image 56 × 40
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = nd(rng);
+  auto whole = vae.decode(z, ctx, VaeTiling{.tile = -1});
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  for (int64_t tile : {8, 16, 24, 40, 64}) {
+    for (uint64_t keep : {uint64_t{256} << 20, uint64_t{0}}) {
+      VaeTiling t{.tile = tile, .keep_bytes = keep};
+      EXPECT_EQ(vae.tile_size(56, 40, t, true), tile);
+      auto tiled = vae.decode(z, ctx, t);
+      ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
+      EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep;
+    }
+  }
+}
+
+TEST(Flux2VaeTiled, EncodeEqualsWholeImage) {
+  const Flux2Vae& vae = tiny_vae();
+  CpuBackend pool(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &pool;
+  std::mt19937 rng(22);
+  std::normal_distribution<float> nd;
+  Tensor img({1, 3, 48, 72});
+  for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::tanh(nd(rng));
+  auto whole = vae.encode_mean(img, ctx, VaeTiling{.tile = -1});
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  for (int64_t tile : {8, 16, 24, 40}) {
+    for (uint64_t keep : {uint64_t{256} << 20, uint64_t{0}}) {
+      auto tiled = vae.encode_mean(img, ctx, VaeTiling{.tile = tile, .keep_bytes = keep});
+      ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
+      EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep;
+    }
+  }
+}
+
+TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
+  const Flux2Vae& vae = tiny_vae();
+  EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.tile = 20}, true), 16);  // down to a multiple of 8
+  EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.tile = 3}, true), 8);
+  EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{}, true), 0);             // small: whole image
+  EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, true), 512);
+  EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, false), 512);
+}
+
+}  // namespace
+}  // namespace klein
+
+// A measurement on a full-size VAE, skipped unless KLEIN_FULL_VAE names its folder (e.g. the
+// random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
+// whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
+// both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS).
+namespace klein {
+namespace {
+
+TEST(Flux2VaeTiled, FullSizeMeasurement) {
+  const char* dir = std::getenv("KLEIN_FULL_VAE");
+  if (!dir) GTEST_SKIP() << "set KLEIN_FULL_VAE to a full-size vae/ folder";
+  auto env = [](const char* n, const char* d) { const char* v = std::getenv(n); return std::string(v ? v : d); };
+  const int64_t px = std::stoll(env("KLEIN_FULL_VAE_PX", "256")), tile = std::stoll(env("KLEIN_FULL_VAE_TILE", "96"));
+  const std::string mode = env("KLEIN_FULL_VAE_MODE", "compare");
+  auto vae = Flux2Vae::load(fs::path(dir));
+  ASSERT_TRUE(vae.ok()) << vae.status().to_string();
+  CpuBackend pool(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &pool;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  Tensor z({1, 32, px / 8, px / 8});
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = nd(rng);
+  auto timed = [&](const VaeTiling& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = vae->decode(z, ctx, t);
+    std::printf("[ full vae ] %s decode %lldx%lld: %.1f s\n", t.tile > 0 ? "tiled" : "whole", static_cast<long long>(px),
+                static_cast<long long>(px), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return r;
+  };
+  Result<Tensor> whole = Tensor(), tiled = Tensor();
+  if (mode != "tiled") whole = timed(VaeTiling{.tile = -1});
+  if (mode != "whole") tiled = timed(VaeTiling{.tile = tile});
+  ASSERT_TRUE(whole.ok() && tiled.ok());
+  if (mode == "compare") {
+    const double e = rel_err(*tiled, *whole);
+    std::printf("[ full vae ] tile %lld: max|tiled - whole| / max|whole| = %.3g\n", static_cast<long long>(tile), e);
+    EXPECT_LE(e, 1e-5);
+  }
 }
 
 }  // namespace

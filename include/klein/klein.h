@@ -64,6 +64,12 @@ struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores
   MemoryPolicy memory = MemoryPolicy::kLow;
   std::string isa;                       // "": the best this CPU has; else a ceiling: "scalar", "avx2", ...
+  // Seamless tiled VAE decoding/encoding (equal to the whole-image pass to float rounding, in a
+  // fraction of the memory): the tile size in image pixels (a multiple of 8); 0: automatic —
+  // 512-pixel tiles when the whole-image pass would need more than vae_tile_above_gib of
+  // activations (about 1024² and beyond); < 0: never.
+  int vae_tile = 0;
+  double vae_tile_above_gib = 4.0;
 };
 
 // Caller hooks. All are optional and called on the calling thread.
@@ -74,8 +80,10 @@ struct Callbacks {
   std::function<bool()> cancel;
   // Warnings and notes (e.g. a size floored to a multiple of 16).
   std::function<void(const std::string&)> log;
-  // An intermediate image after a denoising step. Called only where previews exist; this
-  // version produces none yet (a latent-to-RGB preview decoder is future work).
+  // A live preview after each denoising step (step = 1..total), at the output size: the step's
+  // predicted clean latent x0 = x − σ·v projected to RGB by a fixed linear map of the 32 VAE
+  // latent channels (no VAE run; a few ms at 1024²), nearest-upsampled. Setting it costs, in
+  // MemoryPolicy::kLow, one extra mapping of the VAE for its batch-norm statistics.
   std::function<void(int step, int total, const Image& preview)> preview;
 };
 

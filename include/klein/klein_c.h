@@ -59,13 +59,15 @@ typedef void (*klein_progress_fn)(const char* phase, int done, int total, void* 
 typedef void (*klein_log_fn)(const char* message, void* user_data);
 /* Return non-zero to stop the call with KLEIN_CANCELLED. */
 typedef int (*klein_cancel_fn)(void* user_data);
-/* An intermediate image; called only where previews exist (none in this version). */
+/* A live preview after each denoising step (step = 1..total) at the output size: the predicted
+   clean latent projected to RGB (klein.h Callbacks::preview). The image is valid during the call. */
 typedef void (*klein_preview_fn)(int step, int total, const klein_image* preview, void* user_data);
 
 typedef struct klein_load_params {
   int threads;        /* 0: all cores */
   int memory;         /* a klein_memory_policy */
   const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
+  int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
 } klein_load_params;
 
 typedef struct klein_generate_params {

@@ -39,6 +39,7 @@ klein_load_params klein_load_default_params(void) {
   p.threads = 0;
   p.memory = KLEIN_MEMORY_LOW;
   p.isa = nullptr;
+  p.vae_tile = 0;
   return p;
 }
 
@@ -61,6 +62,7 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.threads = p.threads;
     o.memory = p.memory == KLEIN_MEMORY_RESIDENT ? klein::MemoryPolicy::kResident : klein::MemoryPolicy::kLow;
     o.isa = p.isa ? p.isa : "";
+    o.vae_tile = p.vae_tile;
     auto m = klein::Model::open(path, o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};

@@ -2,6 +2,7 @@
 // exception crosses the API.
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "api/guard.h"
 #include "api/model_impl.h"
@@ -60,6 +61,13 @@ Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() {
   return api::load_vae(vae_dir.dir, *engine->backend);
 }
 
+VaeTiling Model::Impl::vae_tiling() const {
+  VaeTiling t;
+  t.tile = options.vae_tile;
+  if (options.vae_tile_above_gib > 0) t.auto_above_bytes = static_cast<uint64_t>(options.vae_tile_above_gib * (1 << 30));
+  return t;
+}
+
 Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
                                                    const std::function<void(const std::string&)>& log) const {
   if (width < 0 || height < 0) return invalid_argument("width and height must be positive");
@@ -88,7 +96,8 @@ Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int
 }
 
 Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
-                                    Tensor noise, const RunContext& ctx) {
+                                    Tensor noise, const RunContext& ctx,
+                                    const std::function<void(int, int, const Image&)>& preview) {
   const std::string cfg_path = (dit_dir.dir / "config.json").string();
   if (dit_cfg.in_channels != 128 || embeds.shape().size() != 3 || embeds.dim(0) != 1 ||
       embeds.dim(2) != dit_cfg.joint_attention_dim)
@@ -100,8 +109,21 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tens
   KLEIN_ASSIGN_OR_RETURN(auto schedule, make_klein_schedule(sched_cfg, g.steps, th * tw));
   ctx.dump("noise", noise);
   KLEIN_ASSIGN_OR_RETURN(auto refs, pack_reference_tokens(ref_latents, ctx));
+  std::optional<StepPreview> sp;
+  if (preview) {
+    sp.emplace();
+    KLEIN_ASSIGN_OR_RETURN(sp->map, flux2_latent_rgb_map());
+    {  // the batch-norm statistics only (kLow: the mapped VAE is released again at once)
+      KLEIN_ASSIGN_OR_RETURN(auto vae, vae_model());
+      sp->stats = vae->latent_stats();
+    }
+    sp->width = g.width;
+    sp->height = g.height;
+    sp->callback = preview;
+  }
   KLEIN_ASSIGN_OR_RETURN(auto m, transformer(ctx));
-  return run_denoise(*m, embeds, refs, std::move(noise), schedule, ctx);  // kLow: transformer released here
+  // kLow: the transformer is released on return.
+  return run_denoise(*m, embeds, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr);
 }
 
 namespace {
@@ -232,7 +254,7 @@ Result<ReferenceLatents> Model::encode_references(const std::vector<std::string>
     ReferenceLatents r;
     if (prepared.empty()) return r;
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
-    KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx));
+    KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx, impl_->vae_tiling()));
     for (size_t i = 0; i < latents.size(); ++i) {
       r.latents.push_back(to_array(latents[i]));
       r.paths.push_back(prepared[i].path);
@@ -261,7 +283,7 @@ Result<Latents> Model::denoise(const PromptEmbeddings& prompt, const ReferenceLa
     Dumper dumper(p.dump.dir, p.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
-    KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, refs, g, std::move(noise), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, refs, g, std::move(noise), ctx, cb.preview));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     Latents r;
     static_cast<FloatArray&>(r) = to_array(z);
@@ -280,7 +302,7 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
-    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, impl_->vae_tiling()));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     return to_rgb8(image);
   });
@@ -320,14 +342,14 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     std::vector<Tensor> ref_latents;
     if (!prepared.empty()) {
       KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
-      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx));
+      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx, m.vae_tiling()));
       prepared.clear();  // pixels no longer needed
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(prompt.embeds, ref_latents, g, std::move(noise), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(prompt.embeds, ref_latents, g, std::move(noise), ctx, cb.preview));
     if (!vae) {
       KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, m.vae_tiling()));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
 
     GenerateResult r;

@@ -46,6 +46,8 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   Result<std::shared_ptr<const Qwen3Encoder>> text_encoder();
   Result<std::shared_ptr<const Flux2Transformer>> transformer(const RunContext& ctx);
   Result<std::shared_ptr<const Flux2Vae>> vae_model();
+  // The VAE's tiling from the load options.
+  VaeTiling vae_tiling() const;
 
   // Resolves the output size (0: the first reference's, else 1024; floored to multiples of 16
   // with a note through `log`) and the step count.
@@ -57,8 +59,10 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
 
   // The request steps on internal tensors (the caller holds `mu`).
   Result<PromptEncoding> encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx);
+  // With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
   Result<Tensor> denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
-                         Tensor noise, const RunContext& ctx);
+                         Tensor noise, const RunContext& ctx,
+                         const std::function<void(int, int, const Image&)>& preview = {});
 };
 
 // Copies between the public arrays and engine tensors.

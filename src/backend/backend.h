@@ -47,6 +47,13 @@ struct ConvOptions {
   }
 };
 
+// GroupNorm statistics accumulated over parts of one tensor (the tiles of a tiled VAE pass): per
+// group the element count, mean and M2 = Σ(x − mean)², in double, merged with Chan et al.'s
+// pairwise update, so the affine equals that of one pass over the whole tensor to rounding.
+struct GroupStats {
+  std::vector<double> count, mean, m2;  // [groups]
+};
+
 // Output size along one axis: (in·(up ? 2 : 1) + pad_a + pad_b − k) / stride + 1 (≤ 0: empty).
 int64_t conv_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, bool upsample2x);
 
@@ -102,6 +109,13 @@ class Backend {
   // shift[c] = beta[c] − mean_g·scale[c] (torch's CPU kernel applies it this way). scale/shift [C].
   virtual Status group_norm_affine(const TensorView& x, const Weight& gamma, const Weight& beta, int64_t groups,
                                    double eps, const TensorView& scale, const TensorView& shift) = 0;
+
+  // Adds the values of x [1, C, h, w] (contiguous; a tile) to `acc`, per group of C/groups
+  // channels; an empty `acc` is sized to `groups`.
+  virtual Status group_norm_stats(const TensorView& x, int64_t groups, GroupStats& acc) = 0;
+  // group_norm_affine's scale/shift [C] from statistics accumulated by group_norm_stats.
+  virtual Status group_norm_affine_from_stats(const GroupStats& stats, const Weight& gamma, const Weight& beta,
+                                              double eps, const TensorView& scale, const TensorView& shift) = 0;
 
   // ---- position encodings
   // Qwen's half-split RoPE in place on x [L, heads·D]: (a, b) = (x[d], x[d + D/2]) →

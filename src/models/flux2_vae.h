@@ -51,6 +51,23 @@ struct Flux2VaeConfig {
   static Result<Flux2VaeConfig> from_json(const nlohmann::json& j, const std::string& where);
 };
 
+// Tiled (windowed) VAE decoding and encoding (flux2_vae_tiled.cpp): seamless — the result
+// equals the whole-image pass to float rounding (GroupNorm statistics are global, tiles carry
+// the halo their convs read) — at a fraction of the memory.
+struct VaeTiling {
+  // Tile size in image pixels (output pixels for decoding, input pixels for encoding), rounded
+  // down to a multiple of the scale factor (8). 0: automatic; < 0: never tile.
+  int64_t tile = 0;
+  // Automatic: tile (with auto_tile) when the whole-image pass's largest activations would need
+  // more than this. The memory budget will set it; until then a fixed default that keeps
+  // today's whole-image pass up to about 1024² and tiles beyond.
+  uint64_t auto_above_bytes = uint64_t{4} << 30;
+  int64_t auto_tile = 512;
+  // Whole activations up to this size (all kept ones together) are kept between the statistics
+  // passes instead of recomputed from an earlier one: time for memory.
+  uint64_t keep_bytes = uint64_t{256} << 20;
+};
+
 class Flux2Vae {
  public:
   // Binds the VAE described by `config` (a diffusers vae/config.json; `config_where` names it in
@@ -74,13 +91,18 @@ class Flux2Vae {
   // [B, out_channels, 8h, 8w] in about [-1, 1], float32 (no clamping; the caller post-processes).
   // Dumps "vae.post_quant_conv", "vae.conv_in", "vae.mid", "vae.up<i>", "vae.conv_norm_out"
   // (only when asked for), "vae.conv_out" (= the output).
-  Result<Tensor> decode(const Tensor& z, const RunContext& ctx) const;
+  // Tiled per `tiling` (only vae.post_quant_conv, vae.conv_in, vae.mid and vae.conv_out are
+  // dumped then).
+  Result<Tensor> decode(const Tensor& z, const RunContext& ctx, const VaeTiling& tiling = {}) const;
 
   // image: [B, in_channels, H, W] in [-1, 1], H and W multiples of scale_factor() →
   // the posterior mean [B, latent_channels, H/8, W/8] (= latent_dist.mode(); channels
   // [0, latent_channels) of quant_conv's output). Dumps "vae_enc.conv_in", "vae_enc.down<i>",
   // "vae_enc.mid", "vae_enc.conv_out" (all 2·latent channels), "vae_enc.mean".
-  Result<Tensor> encode_mean(const Tensor& image, const RunContext& ctx) const;
+  // Tiled per `tiling` (vae_enc.conv_in and vae_enc.down<i> are not dumped then).
+  Result<Tensor> encode_mean(const Tensor& image, const RunContext& ctx, const VaeTiling& tiling = {}) const;
+  // The tile size decode (decoder) or encode_mean uses for an H × W image; 0: untiled.
+  int64_t tile_size(int64_t H, int64_t W, const VaeTiling& tiling, bool decoder) const;
 
   // Batch-norm statistics of the patchified latent (patch_channels() entries), computed as the
   // pipeline does: mean = bn.running_mean, std = sqrt(bn.running_var + batch_norm_eps), in
@@ -130,8 +152,12 @@ class Flux2Vae {
   Result<Tensor> down_block(const Block& b, Tensor x, const RunContext& ctx) const;
 
  private:
-  Result<Tensor> decode_one(Tensor x, const RunContext& ctx) const;
-  Result<Tensor> encode_one(Tensor x, const RunContext& ctx) const;
+  Result<Tensor> decode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const;
+  Result<Tensor> encode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const;
+  // The full-resolution parts on tiles: decoder from the mid block's output to the image;
+  // encoder from the image to the last down block's output.
+  Result<Tensor> decode_tiled(Tensor mid, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const;
+  Result<Tensor> encode_tiled(Tensor image, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const;
 
   Flux2VaeConfig cfg_;
   std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive

@@ -172,7 +172,7 @@ Result<Tensor> Flux2Vae::down_block(const Block& b, Tensor x, const RunContext& 
 // ------------------------------------------------------------------------------------------
 // Decoder
 // ------------------------------------------------------------------------------------------
-Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx, const VaeTiling& tiling) const {
   const auto& c = cfg_;
   if (z.ndim() != 4 || z.dim(1) != c.latent_channels || z.dim(0) < 1 || z.dim(2) < 1 || z.dim(3) < 1)
     return invalid_argument("vae decode: expected a latent [B, " + std::to_string(c.latent_channels) +
@@ -180,10 +180,11 @@ Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx) const {
   if (!ctx.backend) return invalid_argument("vae decode: RunContext without a backend");
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(z));
   if (!finite) return invalid_argument("vae decode: the latent has NaN or Inf values");
-  return per_item(ctx.be(), z, [&](Tensor x) { return decode_one(std::move(x), ctx); });
+  const int64_t f = c.scale_factor(), tile = tile_size(f * z.dim(2), f * z.dim(3), tiling, true);
+  return per_item(ctx.be(), z, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling.keep_bytes); });
 }
 
-Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int total = static_cast<int>(dec_blocks_.size()) + 2;
@@ -198,6 +199,11 @@ Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx) const {
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE decoding"));
   KLEIN_ASSIGN_OR_RETURN(x, mid_block(dec_mid_, std::move(x), ctx));
   ctx.dump("vae.mid", x);
+  if (tile > 0) {
+    KLEIN_ASSIGN_OR_RETURN(Tensor img, decode_tiled(std::move(x), tile, keep_bytes, ctx));
+    ctx.dump("vae.conv_out", img);
+    return img;
+  }
   ctx.report("decode", ++done, total);
   for (size_t i = 0; i < dec_blocks_.size(); ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE decoding"));
@@ -217,7 +223,7 @@ Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx) const {
 // ------------------------------------------------------------------------------------------
 // Encoder (posterior mean)
 // ------------------------------------------------------------------------------------------
-Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx, const VaeTiling& tiling) const {
   const auto& c = cfg_;
   const int64_t f = c.scale_factor();
   if (image.ndim() != 4 || image.dim(1) != c.in_channels || image.dim(0) < 1)
@@ -229,10 +235,11 @@ Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx)
   if (!ctx.backend) return invalid_argument("vae encode: RunContext without a backend");
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(image));
   if (!finite) return invalid_argument("vae encode: the image has NaN or Inf values");
-  return per_item(ctx.be(), image, [&](Tensor x) { return encode_one(std::move(x), ctx); });
+  const int64_t tile = tile_size(image.dim(2), image.dim(3), tiling, false);
+  return per_item(ctx.be(), image, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling.keep_bytes); });
 }
 
-Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int64_t G = c.norm_num_groups, lat = c.latent_channels;
@@ -240,13 +247,18 @@ Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx) const {
   const int total = static_cast<int>(enc_blocks_.size()) + 2;
   int done = 0;
   ctx.report("vae_encode", done, total);
-  KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, enc_conv_in_, same3()));
-  ctx.dump("vae_enc.conv_in", x);
-  for (size_t i = 0; i < enc_blocks_.size(); ++i) {
-    KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE encoding"));
-    KLEIN_ASSIGN_OR_RETURN(x, down_block(enc_blocks_[i], std::move(x), ctx));
-    ctx.dump("vae_enc.down" + std::to_string(i), x);
-    ctx.report("vae_encode", ++done, total);
+  if (tile > 0) {
+    KLEIN_ASSIGN_OR_RETURN(x, encode_tiled(std::move(x), tile, keep_bytes, ctx));
+    done = total - 2;
+  } else {
+    KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, enc_conv_in_, same3()));
+    ctx.dump("vae_enc.conv_in", x);
+    for (size_t i = 0; i < enc_blocks_.size(); ++i) {
+      KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE encoding"));
+      KLEIN_ASSIGN_OR_RETURN(x, down_block(enc_blocks_[i], std::move(x), ctx));
+      ctx.dump("vae_enc.down" + std::to_string(i), x);
+      ctx.report("vae_encode", ++done, total);
+    }
   }
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE encoding"));
   KLEIN_ASSIGN_OR_RETURN(x, mid_block(enc_mid_, std::move(x), ctx));

@@ -9,7 +9,8 @@
 namespace klein {
 
 Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_embeds, const ReferenceTokens& refs,
-                           Tensor noise, const Schedule& schedule, const RunContext& ctx) {
+                           Tensor noise, const Schedule& schedule, const RunContext& ctx,
+                           const StepPreview* preview) {
   const int64_t th = noise.dim(2), tw = noise.dim(3);
   const int steps = static_cast<int>(schedule.timesteps.size());
   // Model input tokens: the N noisy latents, then the reference tokens (ids T = 10, 20, ...).
@@ -38,12 +39,19 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
     KLEIN_ASSIGN_OR_RETURN(Tensor out, dit.forward(model_in, prompt_embeds, t / 1000.0f, img_ids, txt_ids, ctx));
     // Only the noise tokens' prediction is used (the reference tokens' rows are dropped).
     KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out.view().reshaped({out.numel() / 128, 128}).row_range(0, N)));
+    // The preview is x0 = x − σ_i·v of this step's input x, so it is made before the update.
+    Image preview_image;
+    if (preview && preview->callback) {
+      KLEIN_ASSIGN_OR_RETURN(preview_image, latent_preview(latents, v, schedule.sigmas[i], th, tw, preview->map,
+                                                           preview->stats, preview->width, preview->height));
+    }
     KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
     if (ctx.dumper) {
       ctx.dump("velocity_step" + std::to_string(i + 1), unpack_latents(v, th, tw));
       ctx.dump("latents_step" + std::to_string(i + 1), unpack_latents(latents, th, tw));
     }
     ctx.report("denoise", i + 1, steps);
+    if (preview && preview->callback) preview->callback(i + 1, steps, preview_image);
   }
   Tensor z = unpack_latents(latents, th, tw);  // [1, 128, th, tw]
   if (!all_finite(z.data(), z.numel()))
@@ -51,12 +59,12 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
   return z;
 }
 
-Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx) {
+Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& ctx, const VaeTiling& tiling) {
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("decoding"));
   KLEIN_RETURN_IF_ERROR(denormalize_latents(z, vae.latent_stats()));
   KLEIN_ASSIGN_OR_RETURN(Tensor zu, unpatchify(z));  // [1, 32, 2*th, 2*tw]: the VAE's input
   ctx.dump("latents_final", zu);
-  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx));
+  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx, tiling));
   ctx.dump("image", image);
   if (!all_finite(image.data(), image.numel()))
     return internal_error("the VAE produced a non-finite image (NaN/Inf); no image written");

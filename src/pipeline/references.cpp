@@ -19,13 +19,13 @@ Result<std::vector<PreparedReference>> prepare_references(const std::vector<std:
 }
 
 Result<std::vector<Tensor>> encode_reference_latents(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
-                                                     const RunContext& ctx) {
+                                                     const RunContext& ctx, const VaeTiling& tiling) {
   std::vector<Tensor> out;
   const int n = static_cast<int>(refs.size());
   ctx.report("vae encode", 0, n);
   for (int i = 0; i < n; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("reference encoding"));
-    KLEIN_ASSIGN_OR_RETURN(Tensor mean, vae.encode_mean(refs[i].pixels, ctx));  // [1, 32, H/8, W/8]
+    KLEIN_ASSIGN_OR_RETURN(Tensor mean, vae.encode_mean(refs[i].pixels, ctx, tiling));  // [1, 32, H/8, W/8]
     KLEIN_ASSIGN_OR_RETURN(Tensor z, patchify(mean));                          // [1, 128, H/16, W/16]
     KLEIN_RETURN_IF_ERROR(normalize_latents(z, vae.latent_stats()));
     out.push_back(std::move(z));

@@ -30,7 +30,7 @@ struct ReferenceTokens {
 // VAE encode (posterior mean) -> patchify -> batch-norm normalise, for each reference:
 // [1, 128, H/16, W/16] each.
 Result<std::vector<Tensor>> encode_reference_latents(const Flux2Vae& vae, const std::vector<PreparedReference>& refs,
-                                                     const RunContext& ctx);
+                                                     const RunContext& ctx, const VaeTiling& tiling = {});
 
 // Packs normalised reference latents into tokens with their ids (reference i: T = 10 + 10·i).
 // Dumps "ref_latents" [1, S_ref, 128].

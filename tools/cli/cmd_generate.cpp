@@ -21,9 +21,9 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, out, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa;
+    std::string model, prompt, out, preview, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa;
     std::vector<std::string> refs;
-    int width = 0, height = 0, steps = 0, threads = 0;
+    int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
     uint64_t seed = 0;
     bool quiet = false;
   };
@@ -53,6 +53,12 @@ Command make_generate_command() {
                   "low: one component in memory at a time (default); resident: keep all loaded")
         ->check(CLI::IsMember({"low", "resident"}));
     s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, ... (default: the best)");
+    s->add_option("--vae-tile", o->vae_tile,
+                  "Decode/encode with the VAE in seamless tiles of N image pixels (a multiple of 8; same image, less "
+                  "memory). Default: automatic, tiles only very large images")
+        ->check(CLI::Range(8, 8192));
+    s->add_option("--preview", o->preview,
+                  "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
   };
@@ -65,6 +71,15 @@ Command make_generate_command() {
     if (!out.parent_path().empty() && !fs::is_directory(out.parent_path(), ec))
       return fail(not_found(o->out + ": output folder " + out.parent_path().string() + " does not exist"));
 
+    if (!o->preview.empty()) {
+      const fs::path pv(o->preview);
+      std::string pext = pv.extension().string();
+      for (auto& ch : pext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (pext != ".png") return fail(invalid_argument(o->preview + ": --preview must be a .png file"));
+      if (!pv.parent_path().empty() && !fs::is_directory(pv.parent_path(), ec))
+        return fail(not_found(o->preview + ": preview folder " + pv.parent_path().string() + " does not exist"));
+    }
+
     const std::string model_dir = o->model.empty() ? default_model() : o->model;
     if (o->model.empty() && !o->quiet)
       std::fprintf(stderr, "note: no --model given; using the tiny random-weight test model (%s): the image is noise\n",
@@ -73,6 +88,7 @@ Command make_generate_command() {
     lo.threads = o->threads;
     lo.memory = o->memory == "resident" ? MemoryPolicy::kResident : MemoryPolicy::kLow;
     lo.isa = o->isa;
+    lo.vae_tile = o->vae_tile;
     GenerateRequest g;
     g.prompt = o->prompt;
     g.width = o->width;
@@ -87,6 +103,13 @@ Command make_generate_command() {
     Callbacks cb;
     cb.progress = progress.callback();
     cb.log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
+    if (!o->preview.empty()) {
+      // save_png writes a temporary file and renames it, so a viewer never sees a partial file.
+      cb.preview = [o](int step, int total, const Image& img) {
+        Status st = save_png(o->preview, img, {{"preview step", std::to_string(step) + "/" + std::to_string(total)}});
+        if (!st.ok()) std::fprintf(stderr, "warning: preview: %s\n", st.to_string().c_str());
+      };
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto model = Model::open(model_dir, lo);
     if (!model.ok()) {

@@ -207,6 +207,49 @@ Status CpuBackend::group_norm_affine(const TensorView& x, const Weight& gamma, c
   return Status::Ok();
 }
 
+Status CpuBackend::group_norm_stats(const TensorView& x, int64_t groups, GroupStats& acc) {
+  if (x.ndim != 4 || x.dim(0) != 1 || !x.is_contiguous() || x.dtype != DType::kF32 || x.device != Device::kCpu)
+    return bad("group_norm_stats", "x must be a contiguous float32 host [1, C, H, W]");
+  const int64_t C = x.dim(1), HW = x.dim(2) * x.dim(3);
+  if (groups <= 0 || C % groups != 0) return bad("group_norm_stats", "channels not divisible by groups");
+  if (acc.count.empty()) acc.count.assign(groups, 0.0), acc.mean.assign(groups, 0.0), acc.m2.assign(groups, 0.0);
+  if (static_cast<int64_t>(acc.count.size()) != groups || acc.mean.size() != acc.count.size() ||
+      acc.m2.size() != acc.count.size())
+    return bad("group_norm_stats", "accumulator sized for another group count");
+  const int64_t n = C / groups * HW;
+  if (n == 0) return Status::Ok();
+  std::vector<ops::Moments> part(groups);
+  pool_.parallel_for(groups, [&](int64_t gb, int64_t ge) {
+    for (int64_t gi = gb; gi < ge; ++gi) part[gi] = ops::moments(x.f32() + gi * n, n);
+  });
+  for (int64_t gi = 0; gi < groups; ++gi) {  // Chan et al.: merge (count, mean, M2) pairs
+    const double na = acc.count[gi], nb = static_cast<double>(n), nt = na + nb;
+    const double d = part[gi].mean - acc.mean[gi];
+    acc.mean[gi] += d * nb / nt;
+    acc.m2[gi] += part[gi].m2 + d * d * na * nb / nt;
+    acc.count[gi] = nt;
+  }
+  return Status::Ok();
+}
+
+Status CpuBackend::group_norm_affine_from_stats(const GroupStats& st, const Weight& gamma, const Weight& beta,
+                                                double eps, const TensorView& scale, const TensorView& shift) {
+  const int64_t G = static_cast<int64_t>(st.count.size()), C = gamma.numel();
+  if (G == 0 || C % G != 0 || st.mean.size() != st.count.size() || st.m2.size() != st.count.size())
+    return bad("group_norm_affine_from_stats", "statistics do not match the channels");
+  if (beta.numel() != C) return bad("group_norm_affine_from_stats", beta.name + ": wrong size");
+  for (double c : st.count)
+    if (c <= 0) return bad("group_norm_affine_from_stats", "a group has no values");
+  KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine_from_stats", "scale", scale, C));
+  KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine_from_stats", "shift", shift, C));
+  const std::vector<float> g = weight_to_vector(gamma), b = weight_to_vector(beta);
+  const int64_t cpg = C / G;
+  for (int64_t gi = 0; gi < G; ++gi)
+    ops::group_norm_affine_from_moments(st.mean[gi], st.m2[gi] / st.count[gi], cpg, eps, g.data() + gi * cpg,
+                                        b.data() + gi * cpg, scale.f32() + gi * cpg, shift.f32() + gi * cpg);
+  return Status::Ok();
+}
+
 // ---- position encodings
 
 Status CpuBackend::rope_half(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) {

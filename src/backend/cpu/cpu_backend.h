@@ -44,6 +44,9 @@ class CpuBackend final : public Backend {
                               const TensorView& shift, float eps) override;
   Status group_norm_affine(const TensorView& x, const Weight& gamma, const Weight& beta, int64_t groups, double eps,
                            const TensorView& scale, const TensorView& shift) override;
+  Status group_norm_stats(const TensorView& x, int64_t groups, GroupStats& acc) override;
+  Status group_norm_affine_from_stats(const GroupStats& stats, const Weight& gamma, const Weight& beta, double eps,
+                                      const TensorView& scale, const TensorView& shift) override;
 
   Status rope_half(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) override;
   Status rope_interleaved(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) override;

@@ -32,6 +32,14 @@ void modulated_layer_norm_row(const float* x, float* y, int64_t n, float eps, co
 // scale[c] = gamma[c]·rstd, shift[c] = beta[c] − mean·scale[c]; two-pass statistics in double.
 void group_norm_affine_group(const float* x, int64_t cpg, int64_t hw, double eps, const float* gamma,
                              const float* beta, float* scale, float* shift);
+// Mean and M2 = Σ(x − mean)² of x[0, n), two passes in double (the tiled GroupNorm's partials).
+struct Moments {
+  double mean, m2;
+};
+Moments moments(const float* x, int64_t n);
+// group_norm_affine_group's affine for cpg channels from a group's mean and biased variance.
+void group_norm_affine_from_moments(double mean, double var, int64_t cpg, double eps, const float* gamma,
+                                    const float* beta, float* scale, float* shift);
 // Half-split RoPE in place on x [L, heads, D] at row stride ld; cos/sin [L, D/2].
 void rope_half(float* x, int64_t L, int64_t heads, int64_t D, int64_t ld, const float* cos,
                const float* sin);

@@ -104,6 +104,28 @@ void group_norm_affine_group(const float* p, int64_t cpg, int64_t hw, double eps
   }
 }
 
+Moments moments(const float* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  const double mean = s / static_cast<double>(n);
+  double m2 = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = x[i] - mean;
+    m2 += d * d;
+  }
+  return {mean, m2};
+}
+
+// Rounded as mean_rstd does, so tiled and whole-tensor GroupNorm agree.
+void group_norm_affine_from_moments(double mean, double var, int64_t cpg, double eps, const float* gamma,
+                                    const float* beta, float* scale, float* shift) {
+  const float m = static_cast<float>(mean), rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+  for (int64_t c = 0; c < cpg; ++c) {
+    scale[c] = gamma[c] * rstd;
+    shift[c] = beta[c] - m * scale[c];
+  }
+}
+
 void rope_half(float* x, int64_t L, int64_t heads, int64_t D, int64_t ld, const float* cosv,
                const float* sinv) {
   const int64_t half = D / 2;
