@@ -20,12 +20,12 @@ struct MaddInt8 {
   static constexpr bool kShift = false;
   static void colsum(const uint32_t*, int64_t, int32_t*) {}
 
+  // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
   template <int R>
-  static void tile(const uint8_t* a, int64_t lda, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
+  __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
     const __m256i ones = _mm256_set1_epi16(1);
 #define KLEIN_M_DECL(r)                                                                        \
   __m256i c##r##_0 = _mm256_setzero_si256(), c##r##_1 = _mm256_setzero_si256();                \
-  const uint8_t* a##r = a + (R > r ? r : 0) * lda;                                             \
   if (R > r && acc) {                                                                          \
     c##r##_0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc));              \
     c##r##_1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + 8));          \
@@ -34,9 +34,7 @@ struct MaddInt8 {
 #undef KLEIN_M_DECL
 #define KLEIN_M_ROW(r)                                                                               \
   if constexpr (R > r) {                                                                             \
-    int u;                                                                                           \
-    std::memcpy(&u, a##r + q * 4, 4);                                                                \
-    const __m256i av = _mm256_set1_epi32(u);                                                         \
+    const __m256i av = _mm256_set1_epi32(static_cast<int>(a[q * kMR + r]));                                                         \
     c##r##_0 = _mm256_add_epi32(                                                                     \
         c##r##_0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, _mm256_sign_epi8(av, b0)), ones));      \
     c##r##_1 = _mm256_add_epi32(                                                                     \
@@ -59,13 +57,13 @@ struct MaddInt8 {
 #undef KLEIN_M_STORE
   }
 
-  static void tile_rows(int rows, const uint8_t* a, int64_t lda, const uint32_t* b, int64_t nq, int32_t* c,
+  static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c,
                         int64_t ldc, bool acc) {
     switch (rows) {
-      case 4: tile<4>(a, lda, b, nq, c, ldc, acc); break;
-      case 3: tile<3>(a, lda, b, nq, c, ldc, acc); break;
-      case 2: tile<2>(a, lda, b, nq, c, ldc, acc); break;
-      default: tile<1>(a, lda, b, nq, c, ldc, acc); break;
+      case 4: tile<4>(a, b, nq, c, ldc, acc); break;
+      case 3: tile<3>(a, b, nq, c, ldc, acc); break;
+      case 2: tile<2>(a, b, nq, c, ldc, acc); break;
+      default: tile<1>(a, b, nq, c, ldc, acc); break;
     }
   }
 };

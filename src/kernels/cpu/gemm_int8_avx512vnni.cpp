@@ -23,12 +23,12 @@ struct Vnni512 {
     _mm512_storeu_si512(sum + 16, s1);
   }
 
-  // c[R×32] (+)= Σ_q a(r, q) · panel[q] over nq units; a rows at a + r * lda (bytes).
+  // c[R×32] (+)= Σ_q a[q][r] · panel[q] over nq units (a: the sliver-packed activations).
+  // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
   template <int R>
-  static void tile(const uint8_t* a, int64_t lda, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
+  __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
 #define KLEIN_V_DECL(r)                                                                        \
   __m512i c##r##_0 = _mm512_setzero_si512(), c##r##_1 = _mm512_setzero_si512();                \
-  const uint8_t* a##r = a + (R > r ? r : 0) * lda;                                             \
   if (R > r && acc) {                                                                          \
     c##r##_0 = _mm512_loadu_si512(c + r * ldc);                                                \
     c##r##_1 = _mm512_loadu_si512(c + r * ldc + 16);                                           \
@@ -39,13 +39,10 @@ struct Vnni512 {
 #undef KLEIN_V_DECL
 #define KLEIN_V_ROW(r)                                          \
   if constexpr (R > r) {                                        \
-    int u;                                                      \
-    std::memcpy(&u, a##r + q * 4, 4);                           \
-    const __m512i av = _mm512_set1_epi32(u);                    \
+    const __m512i av = _mm512_set1_epi32(static_cast<int>(a[q * kMR + r]));                    \
     c##r##_0 = _mm512_dpbusd_epi32(c##r##_0, av, b0);           \
     c##r##_1 = _mm512_dpbusd_epi32(c##r##_1, av, b1);           \
   }
-#pragma GCC unroll 2
     for (int64_t q = 0; q < nq; ++q) {
       const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);
       KLEIN_V_ROW(0) KLEIN_V_ROW(1) KLEIN_V_ROW(2) KLEIN_V_ROW(3) KLEIN_V_ROW(4) KLEIN_V_ROW(5) KLEIN_V_ROW(6)
@@ -64,16 +61,16 @@ struct Vnni512 {
 #undef KLEIN_V_STORE
   }
 
-  static void tile_rows(int rows, const uint8_t* a, int64_t lda, const uint32_t* b, int64_t nq, int32_t* c,
+  static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c,
                         int64_t ldc, bool acc) {
     switch (rows) {
 #define KLEIN_V_CASE(n) \
-  case n: tile<n>(a, lda, b, nq, c, ldc, acc); break;
+  case n: tile<n>(a, b, nq, c, ldc, acc); break;
       KLEIN_V_CASE(14) KLEIN_V_CASE(13) KLEIN_V_CASE(12) KLEIN_V_CASE(11) KLEIN_V_CASE(10) KLEIN_V_CASE(9)
       KLEIN_V_CASE(8) KLEIN_V_CASE(7) KLEIN_V_CASE(6) KLEIN_V_CASE(5) KLEIN_V_CASE(4) KLEIN_V_CASE(3)
       KLEIN_V_CASE(2)
 #undef KLEIN_V_CASE
-      default: tile<1>(a, lda, b, nq, c, ldc, acc); break;
+      default: tile<1>(a, b, nq, c, ldc, acc); break;
     }
   }
 };

@@ -1,8 +1,11 @@
 // The W8A8 GEMM driver shared by the int8 kernels (gemm_int8_avx512vnni.cpp,
 // gemm_int8_avxvnni.cpp, gemm_int8_avx2.cpp) for Q8_ROW weights (int8, one scale per row):
 //
-//   1. x is quantized per row exactly as ref::quantize_row_int8 (kernels.h) into [M, Kp] bytes,
-//      Kp = K rounded up to 4 (zero padded): the micro-kernels sum quads of k.
+//   1. x is quantized per row exactly as ref::quantize_row_int8 (kernels.h), Kp = K rounded up
+//      to 4 (zero padded): the micro-kernels sum quads of k. The rows are stored packed per
+//      MR-row sliver, [M / MR][Kp / 4][MR] 4-byte units, so a micro-kernel broadcasts every row's
+//      unit from one pointer at constant offsets: with 14 row pointers GCC ran out of general
+//      registers and spilled the accumulators inside the loop (measured: 40 % → see bench).
 //   2. Output columns are split into slabs (gemm_units.h's split_gemm); per KC slice, each slab's
 //      int8 rows are transposed into NR-column panels of 4-byte units (4 k of one column).
 //   3. The micro-kernel (UK::tile) sums MR × NR int32 tiles over the slice. The int32 partial
@@ -80,9 +83,9 @@ inline void quantize_row_avx2(const float* x, int64_t K, int64_t Kp, uint8_t fli
   for (; k < Kp; ++k) q[k] = flip;
 }
 
-// y[m0:m1, n0:n1] for the quantized activations qa [M, Kp] (row stride Kp bytes).
+// y[m0:m1, n0:n1] for the quantized activations qa (sliver-packed, see above; m0 % MR == 0).
 template <class UK>
-void int8_block(const uint8_t* qa, int64_t Kp, const float* sx, int64_t m0, int64_t m1, int64_t K,
+void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int64_t m1, int64_t K,
                 const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int NR = UK::kNR, MR = UK::kMR;
   const int64_t KQ = Kp / 4;
@@ -130,7 +133,7 @@ void int8_block(const uint8_t* qa, int64_t Kp, const float* sx, int64_t m0, int6
             if (acc)
               for (int r = 0; r < rows; ++r) std::memcpy(tile + r * NR, yt + r * ldy, cols * 4);
           }
-          UK::tile_rows(rows, qa + m * Kp + kc0 * 4, Kp, bp + p * kcn * NR, kcn, c, ldc, acc);
+          UK::tile_rows(rows, qa + (m / MR) * KQ * MR + kc0 * MR, bp + p * kcn * NR, kcn, c, ldc, acc);
           if (last) {
             const int64_t j0 = p * NR;
             for (int r = 0; r < rows; ++r) {
@@ -155,15 +158,21 @@ void int8_block(const uint8_t* qa, int64_t Kp, const float* sx, int64_t m0, int6
 template <class UK>
 void int8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const int64_t Kp = (K + 3) / 4 * 4;
-  std::vector<uint8_t> qa(M * Kp);  // [M, Kp] quantized rows of x
-  std::vector<float> sx(M);         // [M] their scales
-  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      quantize_row_avx2(x + m * ldx, K, Kp, UK::kShift ? 0x80 : 0, qa.data() + m * Kp, &sx[m]);
-  }, 16);
+  constexpr int MR = UK::kMR;
+  const int64_t Kp = (K + 3) / 4 * 4, KQ = Kp / 4, slivers = (M + MR - 1) / MR;
+  std::vector<uint32_t> qa(slivers * KQ * MR, 0);  // [slivers][KQ][MR] quantized rows of x
+  std::vector<float> sx(M);                         // [M] their scales
+  pool.parallel_for(slivers, [&](int64_t s0, int64_t s1) {
+    std::vector<uint8_t> row(Kp);
+    for (int64_t sl = s0; sl < s1; ++sl)
+      for (int64_t m = sl * MR; m < std::min(M, (sl + 1) * MR); ++m) {
+        quantize_row_avx2(x + m * ldx, K, Kp, UK::kShift ? 0x80 : 0, row.data(), &sx[m]);
+        uint32_t* d = qa.data() + sl * KQ * MR + (m - sl * MR);
+        for (int64_t q = 0; q < KQ; ++q) std::memcpy(d + q * MR, row.data() + q * 4, 4);
+      }
+  }, 2);
   split_gemm(M, W.rows(), UK::kMR, UK::kNR, kI8NC, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    int8_block<UK>(qa.data(), Kp, sx.data(), m0, m1, K, W, n0, n1, bias, y, ldy);
+    int8_block<UK>(qa.data(), Kp, sx.data(), m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
   });
 }
 
