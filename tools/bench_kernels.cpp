@@ -3,7 +3,7 @@
 // and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
-//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME]
+//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...]
 //
 // --isa caps the kernel selection (scalar, avx2, ...) to time a lower ISA's kernels on this CPU.
 #include <CLI/CLI.hpp>
@@ -231,6 +231,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads for the kernels (peaks are also shown for 1)");
   app.add_option("--reps", reps, "timed repetitions (best is reported)");
   app.add_flag("--quick", quick, "fewer shapes (M = 256 only) and repetitions, for a smoke test");
+  std::vector<int64_t> ms;
+  app.add_option("--m", ms, "token counts M of the GEMM shapes (default 256 1024 1536; --quick: 256)");
   std::string isa_arg;
   app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
   CLI11_PARSE(app, argc, argv);
@@ -301,7 +303,8 @@ int main(int argc, char** argv) {
   // The DiT's GEMMs: K = 3072 into N = 3072 (attention out / projections), 9216 (fused QKV),
   // 18432 (single-block fused QKV + MLP in), and K = 9216 into N = 3072 (MLP out); M = tokens.
   std::vector<Shape3> shapes;
-  for (int64_t M : quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 1024, 1536})
+  if (ms.empty()) ms = quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 1024, 1536};
+  for (int64_t M : ms)
     for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}})
       if (!quick || N != 18432) shapes.push_back({M, K, N});
   for (const Shape3& s : shapes) {

@@ -41,8 +41,10 @@ inline __mmask16 col_mask(int cols) {  // the first `cols` (0..16) lanes
 
 // C[R×32] (= init or 0, or += when accumulate) + A[R×nq units] · panel[nq][32]. `Op` supplies
 // bcast(const A* unit) → __m512 and madd(c, a, b) → c + a·b per unit. cols ≤ 32 valid columns.
+// noinline: inlined into the driver, GCC may keep stack copies of the accumulators in the loop
+// (seen in the int8 kernels).
 template <class Op, int R>
-void zukernel(const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c, int64_t ldc,
+__attribute__((noinline)) void zukernel(const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c, int64_t ldc,
               bool accumulate, const float* init, int cols) {
   static_assert(R >= 1 && R <= kZMR);
   const __mmask16 m0 = col_mask(cols), m1 = col_mask(std::max(0, cols - 16));
