@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/cpu_features.h"
+#include "kernels/kernels.h"
 
 namespace klein {
 namespace {
@@ -100,6 +101,44 @@ TEST_P(BackendOps, LinearOnStridedViews) {
       want[m * ldy + 2 + n] = s;
     }
   expect_near(got, want, 1e-5, "linear");  // columns outside the view stay 7
+}
+
+// The precision choice reaches the kernels: kFast computes a Q8_ROW linear as W8A8 (bit-equal
+// to ref::linear_w8a8, see test_kernels.cpp) and says so in describe(); kFp32 computes it from the
+// dequantised weights.
+TEST(CpuBackendPrecision, FastComputesQ8RowAsW8A8) {
+  const int64_t M = 9, K = 40, N = 13;
+  const auto xs = randv(M * K, 4);
+  std::vector<int8_t> q(N * K);
+  std::mt19937 rng(5);
+  for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+  const auto sc = randv(N, 6, 0.01f, 0.02f);
+  Weight W;
+  W.name = "q8.weight";
+  W.dtype = DType::kQ8Row;
+  W.shape = {N, K};
+  W.data = q.data();
+  W.nbytes = q.size();
+  W.scales = sc.data();
+  std::vector<float> w8a8(M * N), exact(M * N);
+  kernels::ref::linear_w8a8(xs.data(), M, K, W, nullptr, w8a8.data());
+  kernels::ref::linear(xs.data(), M, K, W, nullptr, exact.data());
+  for (auto precision : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+    CpuBackend be(CpuBackendOptions{2, Isa::kCount, precision});
+    EXPECT_EQ(be.kernels().precision(), precision);
+    EXPECT_NE(be.describe().find(precision == kernels::Precision::kFast ? "precision fast" : "precision fp32"),
+              std::string::npos);
+    auto x = be.upload(xs.data(), {M, K}, "x");
+    auto y = be.alloc({M, N}, "y");
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_TRUE(be.linear(x->view(), W, nullptr, y->view()).ok());
+    for (int64_t i = 0; i < M * N; ++i) {
+      if (precision == kernels::Precision::kFast)
+        ASSERT_EQ(y->data()[i], w8a8[i]) << i;
+      else
+        ASSERT_NEAR(y->data()[i], exact[i], 1e-5f * std::max(1.0f, std::fabs(exact[i]))) << i;
+    }
+  }
 }
 
 TEST_P(BackendOps, AttentionCausalMaskedGqa) {

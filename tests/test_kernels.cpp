@@ -6,9 +6,14 @@
 // Tolerances: references accumulate in double, fast paths in float32 with a different summation
 // order, so we bound  max|fast - ref| ≤ 1e-5 · max(1, max|ref|)  — a few float ulps scaled by the
 // output magnitude (inputs are O(1), K ≤ 300, so the true float error is ~1e-6 relative).
+// Precision::kFast kernels are compared against the reference of their own arithmetic: the bf16
+// GEMM against ref::linear_bf16 (the same bf16-rounded operands, double sums), so only float32
+// summation error remains and the same bound applies; the int8 W8A8 GEMMs against
+// ref::linear_w8a8 EXACTLY (integer sums, then the same float32 rescale steps).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -146,6 +151,8 @@ TEST(KernelsRef, AttentionHandComputed) {
 class Kernels : public testing::TestWithParam<Isa> {
  protected:
   const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), GetParam());
+  const kernels::KernelSet fast =
+      kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
 };
 
 std::string isa_param_name(const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
@@ -211,6 +218,140 @@ TEST_P(Kernels, LinearEveryWeightFormat) {
     for (int64_t M : {1, 5, 40})
       for (int64_t K : {64, 320}) check_linear(set, f.id, M, 37, K, M != 5, M == 40 ? 3 : 0, pool, rng);
   }
+}
+
+// Under Precision::kFast: the chosen kernel against the reference of its arithmetic (see top).
+void check_linear_fast(const kernels::KernelSet& set, DType dt, int64_t M, int64_t N, int64_t K, bool bias,
+                       int64_t pad, ThreadPool& pool, std::mt19937& rng, const OwnedWeight* given = nullptr,
+                       const std::vector<float>* given_x = nullptr) {
+  const int64_t ldx = K + pad, ldy = N + 2 * pad;
+  const auto x = given_x ? *given_x : random_vec(M * ldx, rng);
+  const OwnedWeight W = given ? *given : random_weight(dt, N, K, rng);
+  auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
+  std::vector<float> y(M * ldy, 7.0f), yr(M * ldy, 7.0f);
+  const kernels::KernelEntry& e = set.get(kernels::Op::kLinear, dt);
+  kernels::run_linear(set, x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, ldx, ldy);
+  const bool w8a8 = e.fast && dt == DType::kQ8Row;
+  if (w8a8)
+    kernels::ref::linear_w8a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  else if (e.fast)
+    kernels::ref::linear_bf16(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  else
+    kernels::ref::linear(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  const auto what = [&] {
+    return std::string(dtype_name(dt)) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+           " K=" + std::to_string(K) + " bias=" + std::to_string(bias) + " threads=" +
+           std::to_string(pool.size()) + " kernel=" + std::string(e.name);
+  };
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n)
+      if (w8a8)  // bit-exact: same int32 sums, same float32 steps
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[m * ldy + n]), std::bit_cast<uint32_t>(yr[m * ldy + n]))
+            << what() << " at " << m << "," << n << ": " << y[m * ldy + n] << " vs " << yr[m * ldy + n];
+    for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], 7.0f) << "wrote past row end " << what();
+  }
+  if (!w8a8) {
+    float err, mag;
+    compare(y.data(), yr.data(), M, N, ldy, &err, &mag);
+    ASSERT_LE(err, 1e-5f * std::max(1.0f, mag)) << what();
+  }
+}
+
+TEST(KernelsRef, QuantizeRowInt8RoundsHalfToEven) {
+  // amax = 127 → s = 1 exactly, so q = rne(x): ties go to the even integer.
+  const std::vector<float> x = {127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.5f, -0.5f, 1.4999f, -127.0f};
+  std::vector<int8_t> q(x.size());
+  float s = -1;
+  kernels::ref::quantize_row_int8(x.data(), static_cast<int64_t>(x.size()), q.data(), &s);
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(q, (std::vector<int8_t>{127, 2, 4, -2, -4, 0, 0, 1, -127}));
+  // An all-zero row: scale 0, zeros (no division by zero).
+  const std::vector<float> z(5, 0.0f);
+  std::vector<int8_t> qz(5, 9);
+  kernels::ref::quantize_row_int8(z.data(), 5, qz.data(), &s);
+  EXPECT_EQ(s, 0.0f);
+  EXPECT_EQ(qz, std::vector<int8_t>(5, 0));
+  // s = amax / 127 in float32; q = rne(x / s) in float32.
+  const std::vector<float> r = {0.3f, -1.7f, 0.011f};
+  std::vector<int8_t> qr(3);
+  kernels::ref::quantize_row_int8(r.data(), 3, qr.data(), &s);
+  EXPECT_EQ(s, 1.7f / 127.0f);
+  EXPECT_EQ(qr[0], static_cast<int8_t>(std::nearbyint(0.3f / s)));
+  EXPECT_EQ(qr[1], -127);
+  EXPECT_EQ(qr[2], 1);  // 0.011 / 0.013386 = 0.82 → 1
+}
+
+TEST(KernelsRef, W8A8HandComputed) {
+  // x row [127, -63.5] → s = 1, q = [127, -64 (−63.5 → even)]; W = [[1, 2], [-128, 127]], scales [0.5, 1].
+  const std::vector<float> x = {127.0f, -63.5f};
+  OwnedWeight W;
+  W.i8 = {1, 2, -128, 127};
+  W.scales = {0.5f, 1.0f};
+  W.w.name = "w";
+  W.w.dtype = DType::kQ8Row;
+  W.w.shape = {2, 2};
+  W.w.data = W.i8.data();
+  W.w.scales = W.scales.data();
+  std::vector<int8_t> q(2);
+  float s;
+  kernels::ref::quantize_row_int8(x.data(), 2, q.data(), &s);
+  EXPECT_EQ(q, (std::vector<int8_t>{127, -64}));
+  std::vector<int32_t> acc(2);
+  kernels::ref::int8_accumulators(q.data(), 1, 2, W.w, acc.data());
+  EXPECT_EQ(acc, (std::vector<int32_t>{127 - 128, -128 * 127 - 64 * 127}));
+  std::vector<float> y(2);
+  kernels::ref::linear_w8a8(x.data(), 1, 2, W.w, nullptr, y.data());
+  EXPECT_EQ(y[0], (static_cast<float>(acc[0]) * s) * 0.5f);
+  EXPECT_EQ(y[1], (static_cast<float>(acc[1]) * s) * 1.0f);
+}
+
+TEST_P(Kernels, LinearFastMatchesItsRef) {
+  std::mt19937 rng(77);
+  ThreadPool pool2(2), pool3(3);
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    for (int64_t M : {1, 5, 14, 29, 130})
+      for (int64_t N : {1, 17, 33, 100})
+        for (int64_t K : {64, 300, 517}) {
+          if (K % f.block_elems) continue;
+          check_linear_fast(fast, f.id, M, N, K, (M + N) % 2 == 0, (M + K) % 3, pool2, rng);
+        }
+  }
+  for (DType dt : {DType::kQ8Row, DType::kBF16, DType::kF32})
+    for (int64_t K : {1, 3, 4, 7, 9}) check_linear_fast(fast, dt, 20, 40, K, true, 1, pool3, rng);
+}
+
+TEST_P(Kernels, LinearFastLargeShapes) {
+  // Crosses the K slices (512 int8 / 512 bf16 / 256 f32 per slice) and N slabs of the fast GEMMs.
+  std::mt19937 rng(8);
+  ThreadPool pool(2), pool1(1);
+  check_linear_fast(fast, DType::kQ8Row, 45, 530, 1100, true, 0, pool, rng);
+  check_linear_fast(fast, DType::kQ8Row, 200, 40, 1030, false, 3, pool, rng);
+  check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
+  check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
+}
+
+TEST_P(Kernels, LinearW8A8ExtremesAreExact) {
+  // The AVX2 kernel's vpmaddubsw pairs are at their largest with |q| = 127 and w = -128 or 127:
+  // 2 · 128 · 127 = 32512 must not saturate. Rows of ±amax give q = ±127; weights all -128 / 127.
+  std::mt19937 rng(9);
+  ThreadPool pool(2);
+  const int64_t M = 19, N = 35, K = 260;
+  OwnedWeight W;
+  W.i8.resize(N * K);
+  for (int64_t i = 0; i < N * K; ++i) W.i8[i] = (i / K) % 3 == 0 ? -128 : (i / K) % 3 == 1 ? 127 : (rng() % 2 ? -128 : 127);
+  W.scales = random_vec(N, rng, 0.001f, 0.01f);
+  W.w.name = "extreme.weight";
+  W.w.dtype = DType::kQ8Row;
+  W.w.shape = {N, K};
+  W.w.data = W.i8.data();
+  W.w.scales = W.scales.data();
+  std::vector<float> x(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = (i / K) % 2 ? ((rng() % 2) ? 3.0f : -3.0f) : -3.0f;
+  check_linear_fast(fast, DType::kQ8Row, M, N, K, true, 0, pool, rng, &W, &x);
+  // And an all-zero row of x among the others (scale 0 → y = bias).
+  std::fill(x.begin() + 3 * K, x.begin() + 4 * K, 0.0f);
+  check_linear_fast(fast, DType::kQ8Row, M, N, K, true, 0, pool, rng, &W, &x);
 }
 
 struct AttnCase {

@@ -120,16 +120,71 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
   EXPECT_EQ(best.max_isa(), CpuFeatures::host().isas().back());
 #if defined(KLEIN_X86)
   if (CpuFeatures::host().has(Isa::kAvx2)) {
-    EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, Isa::kAvx2);
+    const Isa gemm = CpuFeatures::host().has(Isa::kAvx512) ? Isa::kAvx512 : Isa::kAvx2;
+    EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, gemm);
+    EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, gemm);
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, Isa::kAvx2);
     // An ISA with no kernels of its own falls back to the next lower one that has them.
-    if (CpuFeatures::host().has(Isa::kAvx512))
-      EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvx512).get(Op::kLinear, DType::kF32).isa, Isa::kAvx2);
+    if (CpuFeatures::host().has(Isa::kAvx512Vnni))
+      EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvx512Vnni).get(Op::kLinear, DType::kF32).isa,
+                Isa::kAvx512);
+    if (CpuFeatures::host().has(Isa::kAvxVnni))
+      EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvxVnni).get(Op::kLinear, DType::kF32).isa, Isa::kAvx2);
   }
 #endif
   // A ceiling the CPU lacks is lowered to what it has.
   EXPECT_EQ(KernelSet::select(CpuFeatures{}, Isa::kAvx512).max_isa(), Isa::kScalar);
+}
+
+TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
+  // kFp32 never picks a fast entry; kFast picks, per (op, format), the highest-ISA fast entry
+  // the CPU can run, else the highest exact one. Checked on the host and on synthetic CPUs.
+  CpuFeatures avx2;
+  avx2.avx2 = avx2.fma = avx2.f16c = true;
+  CpuFeatures vnni = avx2;
+  vnni.avxvnni = true;
+  CpuFeatures all = vnni;
+  all.avx512f = all.avx512bw = all.avx512dq = all.avx512vl = all.avx512vnni = all.avx512bf16 = true;
+  const CpuFeatures none;
+  for (const CpuFeatures* cpu : std::initializer_list<const CpuFeatures*>{&CpuFeatures::host(), &none, &avx2, &vnni, &all})
+    for (int c = 0; c <= static_cast<int>(Isa::kCount); ++c) {
+      const KernelSet exact = KernelSet::select(*cpu, static_cast<Isa>(c), kernels::Precision::kFp32);
+      const KernelSet fast = KernelSet::select(*cpu, static_cast<Isa>(c), kernels::Precision::kFast);
+      EXPECT_EQ(exact.precision(), kernels::Precision::kFp32);
+      EXPECT_EQ(fast.precision(), kernels::Precision::kFast);
+      for (auto [op, fmt] : computed_pairs()) {
+        EXPECT_FALSE(exact.get(op, fmt).fast) << op_name(op) << " " << dtype_name(fmt);
+        const kernels::KernelEntry& f = fast.get(op, fmt);
+        EXPECT_TRUE(cpu->has(f.isa));
+        for (const kernels::KernelEntry& e : kernels::kernel_table())
+          if (e.op == op && e.format == fmt && cpu->has(e.isa) && static_cast<int>(e.isa) <= c) {
+            if (e.fast) EXPECT_TRUE(f.fast) << f.name;
+            if (e.fast == f.fast) EXPECT_LE(e.isa, f.isa) << e.name << " beats " << f.name;
+          }
+      }
+      // Q8_ROW weights are always W8A8 under kFast (the scalar reference at least).
+      EXPECT_TRUE(fast.get(Op::kLinear, DType::kQ8Row).fast);
+    }
+#if defined(KLEIN_X86)
+  const KernelSet f_all = KernelSet::select(all, Isa::kCount, kernels::Precision::kFast);
+  EXPECT_EQ(f_all.get(Op::kLinear, DType::kQ8Row).name, "gemm_int8_avx512vnni");
+  EXPECT_EQ(f_all.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
+  EXPECT_EQ(f_all.get(Op::kLinear, DType::kF32).name, "gemm_bf16_avx512bf16");
+  EXPECT_EQ(KernelSet::select(all, Isa::kCount).get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
+  EXPECT_EQ(KernelSet::select(vnni, Isa::kCount, kernels::Precision::kFast).get(Op::kLinear, DType::kQ8Row).name,
+            "gemm_int8_avxvnni");
+  EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kLinear, DType::kQ8Row).name,
+            "gemm_int8_avx2");
+  EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kLinear, DType::kBF16).name,
+            "gemm_avx2");
+#endif
+  kernels::Precision p;
+  EXPECT_TRUE(kernels::precision_from_name("fast", &p));
+  EXPECT_EQ(p, kernels::Precision::kFast);
+  EXPECT_TRUE(kernels::precision_from_name("fp32", &p));
+  EXPECT_EQ(p, kernels::Precision::kFp32);
+  EXPECT_FALSE(kernels::precision_from_name("int8", &p));
 }
 
 TEST(KernelRegistry, DescribeListsEveryPair) {
@@ -148,7 +203,17 @@ TEST(KernelRegistry, DescribeListsEveryPair) {
   EXPECT_NE(cpu.find("features: " + CpuFeatures::host().flags() + "\n"), std::string::npos) << cpu;
   EXPECT_NE(cpu.find("isas: scalar"), std::string::npos) << cpu;
   EXPECT_NE(cpu.find("  linear BF16: "), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("precision fp32"), std::string::npos) << cpu;
   std::printf("%s", cpu.c_str());
+
+  // The report with both precisions lists what kFast changes (always Q8_ROW: W8A8).
+  const std::string both = kernels::describe_cpu(CpuFeatures::host(), Isa::kCount);
+  EXPECT_NE(both.find("kernels that differ with precision fast:\n"), std::string::npos) << both;
+  EXPECT_NE(both.find("  linear Q8_ROW: "), std::string::npos) << both;
+  EXPECT_NE(both.find("[fast]\n"), std::string::npos) << both;
+  const KernelSet f = KernelSet::select(CpuFeatures::host(), Isa::kCount, kernels::Precision::kFast);
+  EXPECT_NE(f.describe().find(std::string(f.get(Op::kLinear, DType::kQ8Row).name) + ") [fast]\n"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-// klein-bench_kernels: measures this machine's float32 FMA peak and the GEMM / attention kernels
-// against it, so kernel changes can be judged in % of peak rather than in absolute seconds.
+// klein-bench_kernels: measures this machine's peaks — float32 FMA (ymm and zmm), bf16 dot
+// product (vdpbf16ps), int8 dot product (vpdpbusd zmm and ymm; AVX2's vpmaddubsw sequence) —
+// and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, plus attention,
+// so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
-//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME]
+//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...]
 //
 // --isa caps the kernel selection (scalar, avx2, ...) to time a lower ISA's kernels on this CPU.
 #include <CLI/CLI.hpp>
@@ -60,73 +62,177 @@ Time time_best(int reps, const std::function<void()>& fn) {
 }
 
 #if defined(KLEIN_X86)
-// 12 independent FMA chains: more than latency (4-5 cycles) × FMA ports (2) in flight, so the
-// loop runs at FMA throughput. Returns a value derived from the chains so nothing is elided.
-__attribute__((target("avx2,fma"))) float fma_loop(int64_t iters) {
-  __m256 a[12];
-  for (int j = 0; j < 12; ++j) a[j] = _mm256_set1_ps(0.001f * j);
-  const __m256 m = _mm256_set1_ps(0.99999f), c = _mm256_set1_ps(1e-5f);
-  for (int64_t i = 0; i < iters; ++i)
-    for (int j = 0; j < 12; ++j) a[j] = _mm256_fmadd_ps(a[j], m, c);
-  __m256 s = a[0];
-  for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, a[j]);
+// Peak loops: 12 independent accumulator chains of one instruction (ymm: 16 registers, 2 hold
+// the operands) — more than its latency (4-5 cycles) × issue width (≤ 2) in flight, so each runs
+// at the instruction's throughput with no spills.
+// Each returns a value derived from the chains so nothing is elided. `ops` per instruction:
+// an FMA lane is 2 flop; a vdpbf16ps lane 2 products + 2 adds; a vpdpbusd lane 4 × (mul + add).
+// Named accumulators, not an array: GCC keeps arrays of vectors partly on the stack.
+#define KLEIN_CH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define KLEIN_PEAK_LOOP(T, init, step, reduce)                   \
+  constexpr int kChains = 12;                                    \
+  _Pragma("GCC diagnostic push")                                 \
+  _Pragma("GCC diagnostic ignored \"-Wunused-variable\"")        \
+  KLEIN_CH(KLEIN_PEAK_INIT)                                      \
+  for (int64_t i = 0; i < iters; ++i) {                          \
+    KLEIN_BARRIER();                                             \
+    KLEIN_CH(KLEIN_PEAK_STEP)                                    \
+  }                                                              \
+  T s = a0;                                                      \
+  KLEIN_CH(KLEIN_PEAK_RED)                                       \
+  _Pragma("GCC diagnostic pop")                                  \
+  return s
+
+// The operands pass through an empty asm (no instruction) each iteration — and for the vpmaddubsw
+// sequence, which takes no accumulator, before each chain's step — so the compiler can neither
+// hoist nor share a loop-invariant product.
+#define KLEIN_BARRIER() asm volatile("" : "+x"(m), "+x"(c))
+__attribute__((target("avx2,fma"))) __m256 fma256_chains(int64_t iters, __m256 m, __m256 c) {
+#define KLEIN_PEAK_INIT(j) __m256 a##j = _mm256_set1_ps(0.001f * j);
+#define KLEIN_PEAK_STEP(j) a##j = _mm256_fmadd_ps(a##j, m, c);
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm256_add_ps(s, a##j);
+  KLEIN_PEAK_LOOP(__m256, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx2,fma"))) float fma256_loop(int64_t iters) {
   float out[8];
-  _mm256_storeu_ps(out, s);
+  _mm256_storeu_ps(out, fma256_chains(iters, _mm256_set1_ps(0.99999f), _mm256_set1_ps(1e-5f)));
   return out[0] + out[7];
 }
+__attribute__((target("avx512f"))) __m512 fma512_chains(int64_t iters, __m512 m, __m512 c) {
+#define KLEIN_PEAK_INIT(j) __m512 a##j = _mm512_set1_ps(0.001f * j);
+#define KLEIN_PEAK_STEP(j) a##j = _mm512_fmadd_ps(a##j, m, c);
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm512_add_ps(s, a##j);
+  KLEIN_PEAK_LOOP(__m512, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx512f"))) float fma512_loop(int64_t iters) {
+  return _mm512_reduce_add_ps(fma512_chains(iters, _mm512_set1_ps(0.99999f), _mm512_set1_ps(1e-5f)));
+}
+__attribute__((target("avx512f,avx512bf16"))) __m512 bf16_chains(int64_t iters, __m512 m, __m512 c) {
+#define KLEIN_PEAK_INIT(j) __m512 a##j = _mm512_set1_ps(0.001f * j);
+#define KLEIN_PEAK_STEP(j) a##j = _mm512_dpbf16_ps(a##j, (__m512bh)_mm512_castps_si512(m), (__m512bh)_mm512_castps_si512(c));
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm512_add_ps(s, a##j);
+  KLEIN_PEAK_LOOP(__m512, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx512f,avx512bf16"))) float bf16_loop(int64_t iters) {
+  // bf16 pairs (1.0, 1e-5-ish): the sums stay finite.
+  return _mm512_reduce_add_ps(bf16_chains(iters, _mm512_castsi512_ps(_mm512_set1_epi16(0x3f80)),
+                                          _mm512_castsi512_ps(_mm512_set1_epi16(0x3727))));
+}
+__attribute__((target("avx512f,avx512vnni"))) __m512i vnni512_chains(int64_t iters, __m512i m, __m512i c) {
+#define KLEIN_PEAK_INIT(j) __m512i a##j = _mm512_set1_epi32(j);
+#define KLEIN_PEAK_STEP(j) a##j = _mm512_dpbusd_epi32(a##j, m, c);
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm512_add_epi32(s, a##j);
+  KLEIN_PEAK_LOOP(__m512i, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx512f,avx512vnni"))) float vnni512_loop(int64_t iters) {
+  return static_cast<float>(_mm512_reduce_add_epi32(vnni512_chains(iters, _mm512_set1_epi8(3), _mm512_set1_epi8(-2))));
+}
+__attribute__((target("avx2,avxvnni"))) __m256i vnni256_chains(int64_t iters, __m256i m, __m256i c) {
+#define KLEIN_PEAK_INIT(j) __m256i a##j = _mm256_set1_epi32(j);
+// Inline asm: GCC 12 keeps these accumulators partly on the stack when written with the intrinsic.
+#define KLEIN_PEAK_STEP(j) asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(a##j) : "x"(m), "x"(c));
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm256_add_epi32(s, a##j);
+  KLEIN_PEAK_LOOP(__m256i, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx2,avxvnni"))) float vnni256_loop(int64_t iters) {
+  return static_cast<float>(_mm256_extract_epi32(vnni256_chains(iters, _mm256_set1_epi8(3), _mm256_set1_epi8(-2)), 0));
+}
+// AVX2 int8 without dot products: the vpmaddubsw → vpmaddwd → vpaddd sequence of gemm_int8_avx2
+// (32 MACs of 8 bits per three instructions; its vpsignb / vpabsb are extra and not counted).
+__attribute__((target("avx2"))) __m256i madd256_chains(int64_t iters, __m256i m, __m256i c) {
+#define KLEIN_PEAK_INIT(j) __m256i a##j = _mm256_set1_epi32(j);
+#define KLEIN_PEAK_STEP(j) KLEIN_BARRIER(); a##j = _mm256_add_epi32(a##j, _mm256_madd_epi16(_mm256_maddubs_epi16(m, c), _mm256_set1_epi16(1)));
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm256_add_epi32(s, a##j);
+  KLEIN_PEAK_LOOP(__m256i, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx2"))) float madd256_loop(int64_t iters) {
+  return static_cast<float>(_mm256_extract_epi32(madd256_chains(iters, _mm256_set1_epi8(3), _mm256_set1_epi8(-2)), 0));
+}
+#undef KLEIN_PEAK_LOOP
+#undef KLEIN_CH
+#undef KLEIN_BARRIER
 #endif
 
-// A measurement: `flop` done in time t by `threads` threads.
+// A measurement: `flop` (or int8 ops) done in time t by `threads` threads.
 struct Row {
   std::string what;
   int threads;
   double flop;
   Time t;
+  int peak = 0;  // index of the peak it is compared with
 };
 
-// fp32 FMA peak with all threads of `pool` running the FMA loop at once.
-Row fma_peak(ThreadPool& pool, int reps) {
-  Row r{"fp32 FMA peak (12 chains of ymm FMA)", pool.size(), 0, {}};
-#if defined(KLEIN_X86)
-  // The CPU's capability, not the selected kernels': the peak is the yardstick whatever --isa is.
-  if (!CpuFeatures::host().has(Isa::kAvx2)) return r;
-  const int64_t iters = 20'000'000;  // 3.8 GFLOP per thread, ~0.05 s at 80 GFLOP/s
+// A machine peak, measured with 1 thread and with all threads at once.
+struct Peak {
+  std::string name;
+  Row p1, pn;
+  // Per-core peak per CPU-second: a property of the core, so the best of both runs (a
+  // neighbour's cache or frequency disturbance can only make a measurement lower).
+  double per_cpu_s() const {
+    return p1.flop == 0 ? 0 : std::max(p1.flop / p1.t.cpu, pn.flop / pn.t.cpu);
+  }
+};
+
+Peak measure_peak(const std::string& name, bool available, float (*loop)(int64_t), double ops_per_iter,
+                  ThreadPool& pool1, ThreadPool& pool, int reps) {
+  Peak p{name, {name, 1, 0, {}}, {name, pool.size(), 0, {}}};
+  if (!available) return p;
+  const int64_t iters = 10'000'000;
   std::vector<float> sink(pool.size());
-  r.t = time_best(reps, [&] { pool.run([&](int i, int) { sink[i] = fma_loop(iters); }); });
-  r.flop = 12.0 * 16.0 * iters * pool.size();
-#endif
-  return r;
+  for (Row* r : {&p.p1, &p.pn}) {
+    ThreadPool& tp = r == &p.p1 ? pool1 : pool;
+    r->t = time_best(reps, [&] { tp.run([&](int i, int) { sink[i] = loop(iters); }); });
+    r->flop = ops_per_iter * iters * tp.size();
+  }
+  return p;
 }
 
 // Wall columns: throughput and % of the same-thread-count peak, both by wall time. CPU columns:
 // flop per CPU-second of all threads vs the per-core peak per CPU-second, i.e. the per-core
 // efficiency, which stays meaningful when other processes share the cores.
-void print(const std::vector<Row>& rows, const Row& peak1, const Row& peakn) {
-  std::printf("%-42s %3s %9s %9s %7s %11s %7s\n", "kernel", "thr", "wall ms", "GFLOP/s",
-              "%peak", "GFLOP/cpu-s", "%peak");
-  // Per-core peak per CPU-second is a property of the core: take the best of both runs, as a
-  // neighbour's cache or frequency disturbance can only make a measurement lower.
-  const double p1_cpu = std::max(peak1.flop / peak1.t.cpu, peakn.flop / peakn.t.cpu);
+void print(const std::vector<Row>& rows, const std::vector<Peak>& peaks) {
+  std::printf("%-58s %3s %9s %9s %7s %11s %7s  %s\n", "kernel", "thr", "wall ms", "GOP/s", "%peak", "GOP/cpu-s",
+              "%peak", "peak");
   for (const Row& r : rows) {
-    if (r.flop == 0) continue;  // peak not measurable (no AVX2/FMA)
-    const Row& pk = r.threads == 1 ? peak1 : peakn;
+    const Peak& pk = peaks[r.peak];
+    if (r.flop == 0 || pk.p1.flop == 0) continue;  // peak not measurable here
+    const Row& pr = r.threads == 1 ? pk.p1 : pk.pn;
     const double g = r.flop / r.t.wall / 1e9, gc = r.flop / r.t.cpu / 1e9;
-    const double pw = pk.flop / pk.t.wall / 1e9;
-    std::printf("%-42s %3d %9.2f %9.1f %6.1f%% %11.1f %6.1f%%\n", r.what.c_str(), r.threads,
-                r.t.wall * 1e3, g, pw > 0 ? 100 * g / pw : 0.0, gc,
-                p1_cpu > 0 ? 100 * gc / (p1_cpu / 1e9) : 0.0);
+    const double pw = pr.flop / pr.t.wall / 1e9;
+    std::printf("%-58s %3d %9.2f %9.1f %6.1f%% %11.1f %6.1f%%  %s\n", r.what.c_str(), r.threads, r.t.wall * 1e3, g,
+                pw > 0 ? 100 * g / pw : 0.0, gc, 100 * gc / (pk.per_cpu_s() / 1e9), pk.name.c_str());
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Benchmark the float32 FMA peak, GEMM and attention kernels"};
+  CLI::App app{"Benchmark this machine's peaks (fp32 FMA, bf16 dot, int8 dot) and the GEMM / attention kernels"};
   int threads = 2, reps = 3;
   bool quick = false;
-  app.add_option("--threads", threads, "threads for the kernels (peak is also shown for 1)");
+  app.add_option("--threads", threads, "threads for the kernels (peaks are also shown for 1)");
   app.add_option("--reps", reps, "timed repetitions (best is reported)");
-  app.add_flag("--quick", quick, "smaller shapes, for a smoke test");
+  app.add_flag("--quick", quick, "fewer shapes (M = 256 only) and repetitions, for a smoke test");
+  std::vector<int64_t> ms;
+  app.add_option("--m", ms, "token counts M of the GEMM shapes (default 256 1024 1536; --quick: 256)");
   std::string isa_arg;
   app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
   CLI11_PARSE(app, argc, argv);
@@ -136,47 +242,100 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: unknown ISA '%s'\n", isa_arg.c_str());
     return 2;
   }
-  const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), max_isa);
-  std::printf("cpu features: %s\n", CpuFeatures::host().flags().c_str());
-  for (auto [op, fmt] : {std::pair{kernels::Op::kLinear, DType::kBF16}, {kernels::Op::kAttention, DType::kF32}}) {
-    const kernels::KernelEntry& e = set.get(op, fmt);
-    std::printf("%s %s: %s (%s)\n", std::string(kernels::op_name(op)).c_str(), std::string(dtype_name(fmt)).c_str(),
-                std::string(isa_name(e.isa)).c_str(), std::string(e.name).c_str());
-  }
+  if (quick) reps = std::min(reps, 2);
+  const CpuFeatures& cpu = CpuFeatures::host();
+  std::printf("cpu features: %s\n", cpu.flags().c_str());
   ThreadPool pool1(1), pool(threads);
-  const Row peak1 = fma_peak(pool1, std::max(reps, 5)), peakn = fma_peak(pool, std::max(reps, 5));
-  std::vector<Row> rows = {peak1};
-  if (threads != 1) rows.push_back(peakn);
+
+  // The peaks are the CPU's capability, not the selected kernels': yardsticks whatever --isa is.
+  enum { kFma256, kFma512, kBf16, kVnni512, kVnni256, kMadd256, kNoPeak };
+  std::vector<Peak> peaks(kNoPeak);
+#if defined(KLEIN_X86)
+  const int pr = std::max(reps, 3);
+  peaks[kFma256] = measure_peak("fp32 FMA ymm", cpu.has(Isa::kAvx2), fma256_loop, 12 * 8 * 2, pool1, pool, pr);
+  peaks[kFma512] = measure_peak("fp32 FMA zmm", cpu.has(Isa::kAvx512), fma512_loop, 12 * 16 * 2, pool1, pool, pr);
+  peaks[kBf16] = measure_peak("bf16 vdpbf16ps zmm", cpu.has(Isa::kAvx512Bf16), bf16_loop, 12 * 16 * 4, pool1, pool, pr);
+  peaks[kVnni512] =
+      measure_peak("int8 vpdpbusd zmm", cpu.has(Isa::kAvx512Vnni), vnni512_loop, 12 * 16 * 8, pool1, pool, pr);
+  peaks[kVnni256] = measure_peak("int8 vpdpbusd ymm", cpu.has(Isa::kAvxVnni), vnni256_loop, 12 * 8 * 8, pool1, pool, pr);
+  peaks[kMadd256] =
+      measure_peak("int8 vpmaddubsw+vpmaddwd ymm", cpu.has(Isa::kAvx2), madd256_loop, 12 * 8 * 8, pool1, pool, pr);
+#endif
+  std::vector<Row> rows;
+  for (int i = 0; i < kNoPeak; ++i)
+    for (const Row* r : {&peaks[i].p1, &peaks[i].pn})
+      if (r->flop > 0 && !(r == &peaks[i].pn && threads == 1)) {
+        rows.push_back(*r);
+        rows.back().what = "peak " + r->what;
+        rows.back().peak = i;
+      }
+
+  // Kernel variants: (ceiling, precision, weight format) → the kernel the registry picks, timed
+  // against the peak of its instruction. A variant whose kernel is not the expected one on this
+  // CPU (or under --isa) is skipped.
+  struct Variant {
+    Isa ceiling;
+    kernels::Precision precision;
+    DType format;
+    std::string_view kernel;
+    int peak;
+  };
+  const Variant variants[] = {
+      {Isa::kAvx2, kernels::Precision::kFp32, DType::kBF16, "gemm_avx2", kFma256},
+      {Isa::kAvx512, kernels::Precision::kFp32, DType::kBF16, "gemm_avx512", kFma512},
+      {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kBF16, "gemm_bf16_avx512bf16", kBf16},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx2", kMadd256},
+      {Isa::kAvxVnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avxvnni", kVnni256},
+      {Isa::kAvx512Vnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx512vnni", kVnni512},
+  };
+  for (const Variant& v : variants) {
+    const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
+    std::printf("%-26s linear %-6s: %s (%s)\n", v.kernel.data(), std::string(dtype_name(v.format)).c_str(),
+                std::string(isa_name(set.get(kernels::Op::kLinear, v.format).isa)).c_str(),
+                std::string(set.get(kernels::Op::kLinear, v.format).name).c_str());
+  }
 
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1, 1);
   struct Shape3 {
     int64_t M, K, N;
   };
-  std::vector<Shape3> shapes = {{512, 2560, 9728}, {1024, 3072, 3072}, {1, 3072, 9216}};
-  if (quick) shapes = {{96, 512, 1024}, {1, 512, 1024}};
+  // The DiT's GEMMs: K = 3072 into N = 3072 (attention out / projections), 9216 (fused QKV),
+  // 18432 (single-block fused QKV + MLP in), and K = 9216 into N = 3072 (MLP out); M = tokens.
+  std::vector<Shape3> shapes;
+  if (ms.empty()) ms = quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 1024, 1536};
+  for (int64_t M : ms)
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}})
+      if (!quick || N != 18432) shapes.push_back({M, K, N});
   for (const Shape3& s : shapes) {
-    std::vector<uint16_t> w(s.N * s.K);
-    for (auto& e : w) e = f32_to_bf16(dist(rng));
+    std::vector<uint16_t> wb(s.N * s.K);
+    std::vector<int8_t> wq(s.N * s.K);
+    std::vector<float> ws(s.N);
+    for (auto& e : wb) e = f32_to_bf16(dist(rng));
+    for (auto& e : wq) e = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+    for (auto& e : ws) e = 0.01f * (1 + dist(rng));
     std::vector<float> x(s.M * s.K), y(s.M * s.N);
     for (auto& e : x) e = dist(rng);
     Weight W;
     W.name = "bench";
-    W.dtype = DType::kBF16;
     W.shape = {s.N, s.K};
-    W.data = w.data();
     const double flop = 2.0 * s.M * s.N * s.K;
-    const std::string name = "linear bf16 M=" + std::to_string(s.M) + " K=" +
-                             std::to_string(s.K) + " N=" + std::to_string(s.N);
-    for (ThreadPool* p : {&pool1, &pool}) {
-      if (p == &pool1 && threads == 1) continue;
+    for (const Variant& v : variants) {
+      const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
+      if (set.get(kernels::Op::kLinear, v.format).name != v.kernel) continue;
+      W.dtype = v.format;
+      W.data = v.format == DType::kQ8Row ? static_cast<const void*>(wq.data()) : wb.data();
+      W.scales = v.format == DType::kQ8Row ? ws.data() : nullptr;
+      const std::string name = std::string(v.kernel) + " " + std::string(dtype_name(v.format)) + " M=" +
+                               std::to_string(s.M) + " K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
       const Time t = time_best(reps, [&] {
-        kernels::run_linear(set, x.data(), s.M, s.K, W, nullptr, y.data(), *p);
+        kernels::run_linear(set, x.data(), s.M, s.K, W, nullptr, y.data(), pool);
       });
-      rows.push_back({name, p->size(), flop, t});
+      rows.push_back({name, pool.size(), flop, t, v.peak});
     }
   }
-
+  const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa);
+  const int attn_peak = cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
   const int64_t S = quick ? 256 : 1024;
   const int H = quick ? 4 : 24, D = 128;
   std::vector<float> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D);
@@ -188,10 +347,10 @@ int main(int argc, char** argv) {
       kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
                              1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
     });
-    rows.push_back({"attention S=" + std::to_string(S) + " H=" + std::to_string(H) +
-                        " D=128" + (causal ? " causal" : ""),
-                    threads, flop, t});
+    rows.push_back({std::string(set.get(kernels::Op::kAttention, DType::kF32).name) + " S=" + std::to_string(S) +
+                        " H=" + std::to_string(H) + " D=128" + (causal ? " causal" : ""),
+                    threads, flop, t, attn_peak});
   }
-  print(rows, peak1, peakn);
+  print(rows, peaks);
   return 0;
 }

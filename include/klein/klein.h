@@ -60,6 +60,14 @@ enum class MemoryPolicy {
   kResident,  // text encoder, transformer and VAE mapped once at open and kept for every request
 };
 
+// The arithmetic of the matrix products (Linear layers).
+enum class Precision {
+  kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default)
+  kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
+          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights
+          // (activations quantized per token); float32 where the CPU has neither
+};
+
 struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores
   MemoryPolicy memory = MemoryPolicy::kLow;
@@ -70,6 +78,7 @@ struct LoadOptions {
   // activations (about 1024² and beyond); < 0: never.
   int vae_tile = 0;
   double vae_tile_above_gib = 4.0;
+  Precision precision = Precision::kFp32;
 };
 
 // Caller hooks. All are optional and called on the calling thread.
@@ -234,7 +243,8 @@ KLEIN_API Status save_png(const std::string& path, const Image& image,
 
 // A report on this CPU: model name, the instruction-set features found, the ISAs usable, and the
 // kernel chosen for each (op, weight format) — with the best ISA, or under the ceiling `isa`
-// ("scalar", "avx2", ...; the names of LoadOptions::isa).
+// ("scalar", "avx2", ...; the names of LoadOptions::isa) — for Precision::kFp32, then the
+// kernels that Precision::kFast chooses differently.
 KLEIN_API Result<std::string> cpu_info(const std::string& isa = "");
 
 // "0.1.0"

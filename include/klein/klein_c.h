@@ -45,6 +45,12 @@ typedef enum klein_memory_policy {
   KLEIN_MEMORY_RESIDENT = 1 /* all components mapped once, kept for repeated requests */
 } klein_memory_policy;
 
+/* The arithmetic of the matrix products (klein::Precision). */
+typedef enum klein_precision {
+  KLEIN_PRECISION_FP32 = 0, /* float32 on the stored weights: the exact path (default) */
+  KLEIN_PRECISION_FAST = 1  /* the CPU's dot-product kernels (bf16 dot, int8 W8A8 for Q8_ROW) */
+} klein_precision;
+
 typedef struct klein_model klein_model; /* opaque */
 
 /* An 8-bit RGB image, row-major, height * width * 3 bytes. */
@@ -68,6 +74,7 @@ typedef struct klein_load_params {
   int memory;         /* a klein_memory_policy */
   const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
   int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
+  int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
 } klein_load_params;
 
 typedef struct klein_generate_params {

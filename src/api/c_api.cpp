@@ -40,6 +40,7 @@ klein_load_params klein_load_default_params(void) {
   p.memory = KLEIN_MEMORY_LOW;
   p.isa = nullptr;
   p.vae_tile = 0;
+  p.precision = KLEIN_PRECISION_FP32;
   return p;
 }
 
@@ -58,11 +59,14 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     const klein_load_params p = params ? *params : klein_load_default_params();
     if (p.memory != KLEIN_MEMORY_LOW && p.memory != KLEIN_MEMORY_RESIDENT)
       return klein::invalid_argument("klein_model_open: memory must be KLEIN_MEMORY_LOW or KLEIN_MEMORY_RESIDENT");
+    if (p.precision != KLEIN_PRECISION_FP32 && p.precision != KLEIN_PRECISION_FAST)
+      return klein::invalid_argument("klein_model_open: precision must be KLEIN_PRECISION_FP32 or KLEIN_PRECISION_FAST");
     klein::LoadOptions o;
     o.threads = p.threads;
     o.memory = p.memory == KLEIN_MEMORY_RESIDENT ? klein::MemoryPolicy::kResident : klein::MemoryPolicy::kLow;
     o.isa = p.isa ? p.isa : "";
     o.vae_tile = p.vae_tile;
+    o.precision = p.precision == KLEIN_PRECISION_FAST ? klein::Precision::kFast : klein::Precision::kFp32;
     auto m = klein::Model::open(path, o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};

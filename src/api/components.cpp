@@ -16,8 +16,12 @@ Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options) {
       names += std::string(i ? ", " : "") + std::string(isa_name(static_cast<Isa>(i)));
     return invalid_argument("isa \"" + options.isa + "\": unknown (expected one of " + names + ")");
   }
+  if (options.precision != Precision::kFp32 && options.precision != Precision::kFast)
+    return invalid_argument("precision: unknown value " + std::to_string(static_cast<int>(options.precision)));
   auto e = std::make_unique<Engine>();
-  e->backend = std::make_unique<CpuBackend>(CpuBackendOptions{options.threads, ceiling});
+  e->backend = std::make_unique<CpuBackend>(CpuBackendOptions{
+      options.threads, ceiling,
+      options.precision == Precision::kFast ? kernels::Precision::kFast : kernels::Precision::kFp32});
   e->isa = options.isa;
   return e;
 }
@@ -57,7 +61,7 @@ Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& di
 Result<std::string> cpu_report(const std::string& isa) {
   Isa ceiling = Isa::kCount;
   if (!isa.empty() && !isa_from_name(isa, &ceiling)) return invalid_argument("isa \"" + isa + "\": unknown");
-  return kernels::describe_cpu(kernels::KernelSet::select(CpuFeatures::host(), ceiling));
+  return kernels::describe_cpu(CpuFeatures::host(), ceiling);
 }
 
 }  // namespace klein::api

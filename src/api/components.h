@@ -39,7 +39,7 @@ Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const std::file
 Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& dir, Backend& be);
 
 // The CPU report behind klein::cpu_info(): model name, features, usable ISAs and the kernel
-// chosen per (op, format) with the best ISA (or the `isa` ceiling).
+// chosen per (op, format) with the best ISA (or the `isa` ceiling), for both precisions.
 Result<std::string> cpu_report(const std::string& isa);
 
 }  // namespace klein::api

@@ -35,6 +35,8 @@ std::string describe_cpu(const KernelSet& set) {
   }
   s += "\nkernels (up to ";
   s += isa_name(set.max_isa());
+  s += ", precision ";
+  s += precision_name(set.precision());
   s += "):\n";
   const std::string k = set.describe();
   for (size_t b = 0; b < k.size();) {  // indent each line
@@ -43,6 +45,25 @@ std::string describe_cpu(const KernelSet& set) {
     s.append(k, b, e - b + 1);
     b = e + 1;
   }
+  return s;
+}
+
+std::string describe_cpu(const CpuFeatures& cpu, Isa max_isa) {
+  const KernelSet exact = KernelSet::select(cpu, max_isa, Precision::kFp32);
+  const KernelSet fast = KernelSet::select(cpu, max_isa, Precision::kFast);
+  std::string s = describe_cpu(exact);
+  // Under --precision fast only some (op, format) pairs change kernel: list those.
+  std::string diff;
+  for (int op = 0; op < static_cast<int>(Op::kCount); ++op)
+    for (int f = 0; f < static_cast<int>(DType::kCount); ++f) {
+      const KernelEntry* a = exact.find(static_cast<Op>(op), static_cast<DType>(f));
+      const KernelEntry* b = fast.find(static_cast<Op>(op), static_cast<DType>(f));
+      if (a && b && a != b)
+        diff += "  " + std::string(op_name(b->op)) + " " + std::string(dtype_name(b->format)) + ": " +
+                std::string(isa_name(b->isa)) + " (" + std::string(b->name) + ")" + (b->fast ? " [fast]" : "") + "\n";
+    }
+  s += "kernels that differ with precision fast:\n";
+  s += diff.empty() ? "  (none: this CPU has no dot-product kernels under this ceiling)\n" : diff;
   return s;
 }
 

@@ -24,6 +24,35 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight*
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,
                int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
                int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
+
+// The references of the fast (reduced-precision) linear kernels (linear_lowp_ref.cpp).
+//
+// linear_bf16: the bf16 dot-product GEMM — x and W (any format, dequantised to f32) rounded to
+// bf16 with round-to-nearest-even (f32_to_bf16, as torch's .to(bfloat16)), products summed in
+// double, + bias, rounded to float.
+void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx = 0, int64_t ldy = 0);
+
+// Per-token (per row) symmetric int8 quantization of activations, the W8A8 recipe. Exactly:
+//   amax = max_k |x[k]|                       (float32)
+//   s    = amax / 127.0f                      (float32 division, round-to-nearest-even)
+//   q[k] = clamp(rne(x[k] / s), -127, 127)    (float32 division; rne = round half to even, as
+//                                              torch.round / nearbyint in the default mode)
+// and s = 0, q = 0 for an all-zero row. In PyTorch: s = x.abs().amax(-1, keepdim=True) / 127;
+// q = torch.where(s > 0, (x / s).round().clamp(-127, 127), 0). Inputs must be finite.
+void quantize_row_int8(const float* x, int64_t K, int8_t* q, float* s);
+
+// The int32 accumulators of the W8A8 GEMM: acc[m, n] = Σ_k q[m, k] · W[n, k] (exact), for
+// q [M, K] int8 (row stride K) and W a Q8_ROW weight; acc is [M, N].
+void int8_accumulators(const int8_t* q, int64_t M, int64_t K, const Weight& W, int32_t* acc);
+
+// W8A8 linear for a Q8_ROW weight: x quantized per row (quantize_row_int8), int32 accumulators,
+// then, each step rounded to float32 (no fused multiply-add):
+//   y[m, n] = (float(acc[m, n]) · s_x[m]) · s_w[n] + bias[n]
+// (s_w: the weight's row scale as float32; float(acc) rounds to nearest even). The fast int8
+// kernels produce exactly these bits.
+void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx = 0, int64_t ldy = 0);
 }  // namespace ref
 
 }  // namespace klein::kernels

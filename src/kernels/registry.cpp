@@ -1,7 +1,9 @@
 // The kernel table and KernelSet selection. Rows are generated from the format table: every
 // format the kernels can compute with (is_weight) gets a scalar linear and conv2d (they expand
 // rows through weight_row_to_f32), and on x86 builds an AVX2 one (the GEMM streams f32/f16/bf16
-// panels and expands the other formats row-wise the same way).
+// panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
+// Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
+// AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format.
 #include "kernels/registry.h"
 
 #include <stdexcept>
@@ -13,6 +15,7 @@
 #if defined(KLEIN_X86)
 #include "kernels/cpu/avx2_kernels.h"
 #include "kernels/cpu/conv2d_avx2.h"
+#include "kernels/cpu/gemm_kernels.h"
 #endif
 
 namespace klein::kernels {
@@ -35,6 +38,20 @@ std::vector<KernelEntry> build_table() {
   add_isa(Isa::kAvx2, "gemm_avx2", avx2::linear, "flash_attention_avx2", avx2::attention, "conv2d_avx2",
           avx2::conv2d);
 #endif
+  auto add_linear = [&](Isa isa, DType f, std::string_view name, LinearFn fn, bool fast) {
+    t.push_back({.op = Op::kLinear, .format = f, .isa = isa, .name = name, .fast = fast, .linear = fn});
+  };
+  add_linear(Isa::kScalar, DType::kQ8Row, "linear_w8a8_ref", scalar::linear_w8a8, true);
+#if defined(KLEIN_X86)
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    add_linear(Isa::kAvx512, f.id, "gemm_avx512", avx512::linear, false);
+    if (f.id != DType::kQ8Row) add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
+  }
+  add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
+  add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
+  add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
+#endif
   return t;
 }
 
@@ -55,16 +72,30 @@ std::span<const KernelEntry> kernel_table() {
   return table;
 }
 
-KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa) {
+std::string_view precision_name(Precision p) { return p == Precision::kFast ? "fast" : "fp32"; }
+
+bool precision_from_name(std::string_view s, Precision* out) {
+  if (s == "fp32") *out = Precision::kFp32;
+  else if (s == "fast") *out = Precision::kFast;
+  else return false;
+  return true;
+}
+
+KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision precision) {
   KernelSet s;
+  s.precision_ = precision;
   for (Isa isa : cpu.isas())
     if (isa <= max_isa) s.max_isa_ = std::max(s.max_isa_, isa);
   // "Highest" is numeric enum order: the ISAs are not a chain (avx_vnni lacks AVX-512), but an
-  // entry is only a candidate when the CPU has its ISA, so any candidate is runnable.
+  // entry is only a candidate when the CPU has its ISA, so any candidate is runnable. Under kFast
+  // a fast entry beats every exact one whatever their ISAs: the arithmetic (W8A8 for Q8_ROW) is
+  // what the caller chose and what a reference reproduces bit for bit, so it must not depend on
+  // whether the CPU has, say, AVX-512F but not VNNI; among fast entries the highest ISA wins.
   for (const KernelEntry& e : kernel_table()) {
     if (!cpu.has(e.isa) || e.isa > s.max_isa_) continue;
+    if (e.fast && precision != Precision::kFast) continue;
     const KernelEntry*& c = s.chosen_[static_cast<int>(e.op)][static_cast<int>(e.format)];
-    if (!c || e.isa > c->isa) c = &e;
+    if (!c || (e.fast && !c->fast) || (e.fast == c->fast && e.isa > c->isa)) c = &e;
   }
   return s;
 }
@@ -88,7 +119,8 @@ std::string KernelSet::describe() const {
     for (int f = 0; f < static_cast<int>(DType::kCount); ++f)
       if (const KernelEntry* e = chosen_[op][f])
         s += std::string(op_name(e->op)) + " " + std::string(dtype_name(e->format)) + ": " +
-             std::string(isa_name(e->isa)) + " (" + std::string(e->name) + ")\n";
+             std::string(isa_name(e->isa)) + " (" + std::string(e->name) + ")" + (e->fast ? " [fast]" : "") +
+             "\n";
   return s;
 }
 

@@ -20,6 +20,13 @@ namespace klein::kernels {
 enum class Op : uint8_t { kLinear, kAttention, kConv2d, kCount };
 std::string_view op_name(Op op);
 
+// Which arithmetic a KernelSet may use. kFp32: float32 arithmetic on the stored weights (the
+// exact path, kept for fidelity work; the default). kFast: also the dot-product kernels that
+// round or quantize the activations (bf16 dot products, int8 W8A8) — entries with `fast` set.
+enum class Precision : uint8_t { kFp32, kFast };
+std::string_view precision_name(Precision p);        // "fp32", "fast"
+bool precision_from_name(std::string_view s, Precision* out);
+
 // Signatures of the registered kernels (arguments validated and strides resolved by the caller;
 // bias as float32 [N] or null).
 using LinearFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
@@ -36,6 +43,7 @@ struct KernelEntry {
   DType format;  // the weight format it computes with (kF32 for attention: activations only)
   Isa isa;
   std::string_view name;
+  bool fast = false;  // reduced-precision activations (bf16-rounded, int8): only under Precision::kFast
   LinearFn linear = nullptr;
   AttentionFn attention = nullptr;
   Conv2dFn conv2d = nullptr;
@@ -45,22 +53,27 @@ struct KernelEntry {
 std::span<const KernelEntry> kernel_table();
 
 // The chosen kernel per (op, format): the entry of the highest ISA that the CPU has and that is
-// ≤ max_isa. Every (op, format) the engine computes has a kScalar entry, so selection never fails.
+// ≤ max_isa, among the exact entries (kFp32), or under kFast among the fast entries when there is
+// one (their arithmetic is the caller's choice), else the exact ones. Every (op, format) the
+// engine computes has an exact kScalar entry, so selection never fails.
 class KernelSet {
  public:
-  static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount);
+  static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount,
+                          Precision precision = Precision::kFp32);
   // The chosen entry; throws std::invalid_argument when no kernel computes `op` with `format`
   // (a weight of a non-weight format such as I32 reaching a kernel).
   const KernelEntry& get(Op op, DType format) const;
   const KernelEntry* find(Op op, DType format) const;  // null when there is none
   // The highest ISA this set may use: the ceiling, lowered to the best the CPU has.
   Isa max_isa() const { return max_isa_; }
-  // One line per (op, format): "linear BF16: avx2 (gemm_avx2)".
+  Precision precision() const { return precision_; }
+  // One line per (op, format): "linear BF16: avx2 (gemm_avx2)"; fast entries end in " [fast]".
   std::string describe() const;
 
  private:
   const KernelEntry* chosen_[static_cast<int>(Op::kCount)][static_cast<int>(DType::kCount)] = {};
   Isa max_isa_ = Isa::kScalar;
+  Precision precision_ = Precision::kFp32;
 };
 
 // Validated entry points over a KernelSet: argument checks (std::invalid_argument on
@@ -78,5 +91,7 @@ void run_conv2d(const KernelSet& set, const float* in, int64_t N, int64_t Cin, i
 // Multi-line report for `klein info --cpu`: CPU model (from /proc/cpuinfo when present), the
 // features found, the usable ISAs, and the kernel chosen per (op, format) in `set`.
 std::string describe_cpu(const KernelSet& set);
+// The same with both precisions: the fp32 set, then the kernels that differ under kFast.
+std::string describe_cpu(const CpuFeatures& cpu, Isa max_isa);
 
 }  // namespace klein::kernels

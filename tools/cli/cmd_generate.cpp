@@ -21,7 +21,8 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, out, preview, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa;
+    std::string model, prompt, out, preview, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa,
+                precision = "fp32";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
     uint64_t seed = 0;
@@ -59,6 +60,10 @@ Command make_generate_command() {
         ->check(CLI::Range(8, 8192));
     s->add_option("--preview", o->preview,
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
+    s->add_option("--precision", o->precision,
+                  "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
+                  "kernels (bf16 dot products, int8 W8A8 for Q8_ROW weights)")
+        ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
   };
@@ -89,6 +94,7 @@ Command make_generate_command() {
     lo.memory = o->memory == "resident" ? MemoryPolicy::kResident : MemoryPolicy::kLow;
     lo.isa = o->isa;
     lo.vae_tile = o->vae_tile;
+    lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     GenerateRequest g;
     g.prompt = o->prompt;
     g.width = o->width;

@@ -45,7 +45,7 @@ Command make_info_command() {
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("info", "Describe a model folder (components, classes, config, dtypes, sizes) or this CPU");
     s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)");
-    s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format");
+    s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (precision fp32, and what fast changes)");
     s->add_option("--isa", o->isa, "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...)");
     return s;
   };

@@ -61,10 +61,11 @@ int64_t conv_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b, b
 }
 
 CpuBackend::CpuBackend(const CpuBackendOptions& o)
-    : pool_(o.threads), kernels_(kernels::KernelSet::select(CpuFeatures::host(), o.max_isa)) {}
+    : pool_(o.threads), kernels_(kernels::KernelSet::select(CpuFeatures::host(), o.max_isa, o.precision)) {}
 
 std::string CpuBackend::describe() const {
-  return "cpu, " + std::to_string(pool_.size()) + " threads\n" + kernels_.describe();
+  return "cpu, " + std::to_string(pool_.size()) + " threads, precision " +
+         std::string(kernels::precision_name(kernels_.precision())) + "\n" + kernels_.describe();
 }
 
 // ---- memory

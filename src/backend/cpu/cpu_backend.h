@@ -14,6 +14,7 @@ namespace klein {
 struct CpuBackendOptions {
   int threads = 0;             // 0: all cores
   Isa max_isa = Isa::kCount;   // ceiling for kernel selection (kCount: the best this CPU has)
+  kernels::Precision precision = kernels::Precision::kFp32;  // kFast: also the dot-product kernels
 };
 
 class CpuBackend final : public Backend {

@@ -1,0 +1,69 @@
+// Format conversions for the AVX-512 GEMMs: rows of f32 / bf16 / f16 weights to float32, and
+// float32 to bf16 with round-to-nearest-even exactly as f32_to_bf16 (core/dtype.h) and torch's
+// .to(torch.bfloat16) do — integer arithmetic, no denormal flushing (vcvtneps2bf16 flushes
+// denormal inputs, so it is not used), NaN kept NaN. Include only from *_avx512*.cpp files.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/format.h"
+#include "core/weight.h"
+
+namespace klein::kernels {
+namespace {
+
+// 16 floats → 16 bf16 (RNE), as f32_to_bf16.
+inline __m256i f32x16_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// n float32 → n bf16 (RNE).
+inline void f32_to_bf16_row(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), f32x16_to_bf16(_mm512_loadu_ps(src + i)));
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+// Row r of a weight as float32 [K]: vectorised for F32 / BF16 / F16, weight_row_to_f32 else.
+inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
+  const uint8_t* base = static_cast<const uint8_t*>(W.data);
+  int64_t i = 0;
+  if (W.dtype == DType::kBF16) {
+    const uint8_t* s = base + r * K * 2;
+    for (; i + 16 <= K; i += 16) {
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i * 2)));
+      _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+    for (; i < K; ++i) {
+      uint16_t h;
+      std::memcpy(&h, s + i * 2, 2);
+      out[i] = bf16_to_f32(h);
+    }
+  } else if (W.dtype == DType::kF16) {
+    const uint8_t* s = base + r * K * 2;
+    for (; i + 16 <= K; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i * 2))));
+    for (; i < K; ++i) {
+      uint16_t h;
+      std::memcpy(&h, s + i * 2, 2);
+      out[i] = f16_to_f32(h);
+    }
+  } else if (W.dtype == DType::kF32) {
+    std::memcpy(out, base + r * K * 4, K * 4);
+  } else {
+    weight_row_to_f32(W, r, out);
+  }
+}
+
+}  // namespace
+}  // namespace klein::kernels

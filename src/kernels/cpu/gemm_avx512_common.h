@@ -1,0 +1,142 @@
+// The float-accumulating AVX-512 GEMM shared by the fp32 kernel (gemm_avx512.cpp: vfmadd231ps on
+// one float per unit) and the bf16 one (gemm_avx512bf16.cpp: vdpbf16ps on a pair of bf16 per
+// unit): the AVX2 design (src/kernels/cpu/gemm_avx2.cpp) widened to 512 bits.
+//
+//   for each NC-wide slab of W rows (output columns) owned by this thread:
+//     for each KC-unit slice of K:
+//       pack W[nc, kc] into 32-column panels of 4-byte units (gemm_units.h), converting the
+//       weight format first where the kernel needs another (f16 → f32, f32 → bf16, ...);
+//       for every MR-row sliver of x: MR×32 micro-kernel over each panel, accumulating in y.
+//   MR = 14: 28 zmm accumulators + 2 B vectors + 1 broadcast = 31 of the 32 registers, and 28
+//   independent chains cover the FMA latency (4) × 2 pipes with room to spare. KC = 256 units:
+//   the 14 × 256 × 4 B = 14 KB sliver of x stays in L1, the 256 × 256 × 4 B = 256 KB slab in L2;
+//   each micro-kernel call streams one 32 KB panel from L2 (2 × 64 B per 28 FMAs).
+// Edges: columns with AVX-512 masks (nothing past the row end is read or written), rows through
+// the template row count.
+//
+// Include ONLY from *_avx512*.cpp files (AVX-512 F/BW/DQ/VL code), which only the kernel registry
+// reaches, on CPUs that have the ISA.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/format.h"
+#include "core/weight.h"
+#include "kernels/cpu/gemm_units.h"
+
+namespace klein::kernels {
+namespace {
+
+constexpr int kZMR = 14;        // rows of x per micro-kernel
+constexpr int kZNR = 32;        // columns per panel (two zmm of float32)
+constexpr int64_t kZKC = 256;   // units per packed K slice
+constexpr int64_t kZNC = 256;   // columns per slab (multiple of kZNR)
+
+inline __mmask16 col_mask(int cols) {  // the first `cols` (0..16) lanes
+  return static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
+}
+
+// C[R×32] (= init or 0, or += when accumulate) + A[R×nq units] · panel[nq][32]. `Op` supplies
+// bcast(const A* unit) → __m512 and madd(c, a, b) → c + a·b per unit. cols ≤ 32 valid columns.
+// noinline: inlined into the driver, GCC may keep stack copies of the accumulators in the loop
+// (seen in the int8 kernels).
+template <class Op, int R>
+__attribute__((noinline)) void zukernel(const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c, int64_t ldc,
+              bool accumulate, const float* init, int cols) {
+  static_assert(R >= 1 && R <= kZMR);
+  const __mmask16 m0 = col_mask(cols), m1 = col_mask(std::max(0, cols - 16));
+  const __m512 i0 = init ? _mm512_maskz_loadu_ps(m0, init) : _mm512_setzero_ps();
+  const __m512 i1 = init ? _mm512_maskz_loadu_ps(m1, init + 16) : _mm512_setzero_ps();
+  // Named accumulators (not arrays): GCC keeps arrays of vectors on the stack here.
+#define KLEIN_Z_DECL(r) __m512 c##r##_0 = i0, c##r##_1 = i1; const typename Op::A* a##r = a + (R > r ? r : 0) * lda;
+  KLEIN_Z_DECL(0) KLEIN_Z_DECL(1) KLEIN_Z_DECL(2) KLEIN_Z_DECL(3) KLEIN_Z_DECL(4) KLEIN_Z_DECL(5) KLEIN_Z_DECL(6)
+  KLEIN_Z_DECL(7) KLEIN_Z_DECL(8) KLEIN_Z_DECL(9) KLEIN_Z_DECL(10) KLEIN_Z_DECL(11) KLEIN_Z_DECL(12) KLEIN_Z_DECL(13)
+#undef KLEIN_Z_DECL
+#define KLEIN_Z_ROW(r)                          \
+  if constexpr (R > r) {                        \
+    const __m512 av = Op::bcast(a##r + q);      \
+    c##r##_0 = Op::madd(c##r##_0, av, b0);      \
+    c##r##_1 = Op::madd(c##r##_1, av, b1);      \
+  }
+#pragma GCC unroll 2
+  for (int64_t q = 0; q < nq; ++q) {
+    const __m512 b0 = _mm512_castsi512_ps(_mm512_loadu_si512(b));
+    const __m512 b1 = _mm512_castsi512_ps(_mm512_loadu_si512(b + 16));
+    KLEIN_Z_ROW(0) KLEIN_Z_ROW(1) KLEIN_Z_ROW(2) KLEIN_Z_ROW(3) KLEIN_Z_ROW(4) KLEIN_Z_ROW(5) KLEIN_Z_ROW(6)
+    KLEIN_Z_ROW(7) KLEIN_Z_ROW(8) KLEIN_Z_ROW(9) KLEIN_Z_ROW(10) KLEIN_Z_ROW(11) KLEIN_Z_ROW(12) KLEIN_Z_ROW(13)
+    b += kZNR;
+  }
+#undef KLEIN_Z_ROW
+#define KLEIN_Z_STORE(r)                                                        \
+  if constexpr (R > r) {                                                        \
+    float* cr = c + r * ldc;                                                    \
+    if (accumulate) {                                                           \
+      c##r##_0 = _mm512_add_ps(c##r##_0, _mm512_maskz_loadu_ps(m0, cr));        \
+      c##r##_1 = _mm512_add_ps(c##r##_1, _mm512_maskz_loadu_ps(m1, cr + 16));   \
+    }                                                                           \
+    _mm512_mask_storeu_ps(cr, m0, c##r##_0);                                    \
+    _mm512_mask_storeu_ps(cr + 16, m1, c##r##_1);                               \
+  }
+  KLEIN_Z_STORE(0) KLEIN_Z_STORE(1) KLEIN_Z_STORE(2) KLEIN_Z_STORE(3) KLEIN_Z_STORE(4) KLEIN_Z_STORE(5)
+  KLEIN_Z_STORE(6) KLEIN_Z_STORE(7) KLEIN_Z_STORE(8) KLEIN_Z_STORE(9) KLEIN_Z_STORE(10) KLEIN_Z_STORE(11)
+  KLEIN_Z_STORE(12) KLEIN_Z_STORE(13)
+#undef KLEIN_Z_STORE
+}
+
+template <class Op>
+void zukernel_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c,
+                   int64_t ldc, bool accumulate, const float* init, int cols) {
+  switch (rows) {
+#define KLEIN_Z_CASE(n) \
+  case n: zukernel<Op, n>(a, lda, b, nq, c, ldc, accumulate, init, cols); break;
+    KLEIN_Z_CASE(14) KLEIN_Z_CASE(13) KLEIN_Z_CASE(12) KLEIN_Z_CASE(11) KLEIN_Z_CASE(10) KLEIN_Z_CASE(9)
+    KLEIN_Z_CASE(8) KLEIN_Z_CASE(7) KLEIN_Z_CASE(6) KLEIN_Z_CASE(5) KLEIN_Z_CASE(4) KLEIN_Z_CASE(3)
+    KLEIN_Z_CASE(2)
+#undef KLEIN_Z_CASE
+    default: zukernel<Op, 1>(a, lda, b, nq, c, ldc, accumulate, init, cols); break;
+  }
+}
+
+// y[m0:m1, n0:n1] = A · W[n0:n1]ᵀ (+ bias) over all KU units. A: rows of units at stride lda.
+// Op::slab(W, nc0, ncn, scratch) returns the slab's rows as units {bytes, row stride in bytes}.
+template <class Op>
+void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, int64_t KU, const Weight& W,
+                 int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+  static thread_local UnitScratch pack_buf, conv_buf;
+  uint32_t* bp = pack_buf.get<uint32_t>(std::min(kZKC, KU) * kZNC);  // [kZNC/32][kc][32]
+  for (int64_t nc0 = n0; nc0 < n1; nc0 += kZNC) {
+    const int64_t ncn = std::min(kZNC, n1 - nc0);
+    const auto [src, ld] = Op::slab(W, nc0, ncn, KU, conv_buf);
+    const int64_t np = (ncn + kZNR - 1) / kZNR;
+    for (int64_t kc0 = 0; kc0 < KU; kc0 += kZKC) {
+      const int64_t kcn = std::min(kZKC, KU - kc0);
+      for (int64_t p = 0; p < np; ++p)
+        pack_units<kZNR>(src + p * kZNR * ld, ld, static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR)), kc0,
+                         kcn, bp + p * kcn * kZNR);
+      const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
+      for (int64_t m = m0; m < m1; m += kZMR) {
+        const int rows = static_cast<int>(std::min<int64_t>(kZMR, m1 - m));
+        for (int64_t p = 0; p < np; ++p) {
+          const int64_t n = nc0 + p * kZNR;
+          const int cols = static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR));
+          zukernel_rows<Op>(rows, a + m * lda + kc0, lda, bp + p * kcn * kZNR, kcn, y + m * ldy + n, ldy, acc,
+                            (!acc && bias) ? bias + n : nullptr, cols);
+        }
+      }
+    }
+  }
+}
+
+template <class Op>
+void zgemm(const typename Op::A* a, int64_t lda, int64_t M, int64_t KU, const Weight& W, const float* bias,
+           float* y, ThreadPool& pool, int64_t ldy) {
+  split_gemm(M, W.rows(), kZMR, kZNR, kZNC, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    zgemm_block<Op>(a, lda, m0, m1, KU, W, n0, n1, bias, y, ldy);
+  });
+}
+
+}  // namespace
+}  // namespace klein::kernels

@@ -1,0 +1,71 @@
+// AVX512_BF16 linear layer (Precision::kFast): y = bf16(x) · bf16(W)ᵀ + bias with float32 sums.
+//
+// vdpbf16ps multiplies pairs of bf16 and adds both products into a float32 lane, so one 4-byte
+// unit = two consecutive k of one row (gemm_avx512_common.h's panels and 14×32 tiles, as the
+// fp32 kernel). Per call, x is rounded to bf16 once (round-to-nearest-even, as torch's
+// .to(bfloat16): avx512_convert.h) into [M, ceil(K/2)] pairs; BF16 weights with even K are packed
+// straight from storage, every other format is expanded to float32 and rounded to bf16 per slab.
+// An odd K gets a zero high half in its last pair on both sides.
+//
+// Numerics: the products of two bf16 are exact in float32; the instruction adds them into the
+// accumulator with round-to-nearest-even and treats denormal inputs and outputs as zero (SDM), so
+// the result equals ref::linear_bf16 (double sums of the same rounded operands) up to float32
+// summation error.
+#include <vector>
+
+#include "kernels/cpu/avx512_convert.h"
+#include "kernels/cpu/gemm_avx512_common.h"
+#include "kernels/cpu/gemm_kernels.h"
+
+namespace klein::kernels::avx512bf16 {
+namespace {
+
+struct Bf16Op {
+  using A = uint32_t;  // a pair of bf16, the lower k in the low half
+  static __m512 bcast(const uint32_t* p) {
+    int v;  // memcpy: the pairs were written as uint16_t
+    std::memcpy(&v, p, 4);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(v));
+  }
+  static __m512 madd(__m512 c, __m512 a, __m512 b) {
+    return _mm512_dpbf16_ps(c, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
+  }
+  // The slab's rows as bf16 pairs [ncn][KU].
+  static std::pair<const uint8_t*, int64_t> slab(const Weight& W, int64_t nc0, int64_t ncn, int64_t KU,
+                                                 UnitScratch& conv) {
+    const int64_t K = W.cols();
+    if (W.dtype == DType::kBF16 && K == 2 * KU) return {static_cast<const uint8_t*>(W.data) + nc0 * K * 2, K * 2};
+    uint16_t* h = conv.get<uint16_t>(ncn * KU * 2);
+    static thread_local UnitScratch row;  // one row as float32
+    float* f = row.get<float>(K);
+    for (int64_t j = 0; j < ncn; ++j) {
+      uint16_t* d = h + j * KU * 2;
+      if (W.dtype == DType::kBF16) {
+        std::memcpy(d, static_cast<const uint8_t*>(W.data) + (nc0 + j) * K * 2, K * 2);
+      } else {
+        weight_row_f32(W, nc0 + j, K, f);
+        f32_to_bf16_row(f, K, d);
+      }
+      if (K < 2 * KU) d[K] = 0;
+    }
+    return {reinterpret_cast<const uint8_t*>(h), KU * 4};
+  }
+};
+
+}  // namespace
+
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const int64_t KU = (K + 1) / 2;
+  std::vector<uint16_t> xa(M * KU * 2);  // [M, KU] bf16 pairs of x
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      uint16_t* d = xa.data() + m * KU * 2;
+      f32_to_bf16_row(x + m * ldx, K, d);
+      if (K % 2) d[K] = 0;
+    }
+  }, 16);
+  zgemm<Bf16Op>(reinterpret_cast<const uint32_t*>(xa.data()), KU, M, KU, W, bias_f32, y, pool, ldy);
+}
+
+}  // namespace klein::kernels::avx512bf16

@@ -1,0 +1,39 @@
+// Entry points of the wide / dot-product GEMMs (gemm_avx512*.cpp, gemm_int8_*.cpp). Only compiled on x86-64
+// (KLEIN_X86) and only reached through the kernel registry's rows of their ISA, which a
+// KernelSet selects only on CPUs that have it. Arguments validated and strides resolved (no
+// zeros) by run_linear; bias_f32 is [N] float32 or null; M, N, K ≥ 1.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "kernels/kernels.h"
+
+namespace klein::kernels {
+
+namespace avx512 {  // Isa::kAvx512, exact: float32 FMA, any weight format (expanded to f32)
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
+
+namespace avx512bf16 {  // Isa::kAvx512Bf16, fast: x and W rounded to bf16, vdpbf16ps, f32 sums
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
+
+// Q8_ROW weights, W8A8 (fast): x quantized per row (ref::quantize_row_int8), int32 sums,
+// y = (float(acc) · sx) · sw + bias — bit-identical to ref::linear_w8a8.
+namespace avx512vnni {  // Isa::kAvx512Vnni: vpdpbusd on zmm
+void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
+namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
+void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
+namespace avx2 {  // Isa::kAvx2: vpmaddubsw + vpmaddwd
+void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
+
+}  // namespace klein::kernels

@@ -1,0 +1,85 @@
+// ISA-neutral parts of the dot-product GEMMs (AVX-512 fp32, AVX-512 BF16, the int8 W8A8
+// kernels): the packing of weight panels and the split of a GEMM over threads.
+//
+// All of those kernels work in 4-byte "units" along K: one float (fp32 FMA), a pair of bf16
+// (vdpbf16ps multiplies pairs), or four int8 (vpdpbusd / vpmaddubsw sum quads). A unit is what a
+// 32-bit lane of a vector holds, so a packed panel is the same transpose for all of them:
+// panel[q][j] = unit q of weight row j — one vector load gives a unit for NR/lanes columns, and
+// the activation side broadcasts one unit of one row.
+//
+// Plain C++ with no intrinsics: included by the SIMD translation units, each compiling it with
+// its own flags, so everything here has internal linkage (anonymous namespace) — an inline
+// function shared across TUs built with different -m flags could be merged into the one
+// compiled for the widest ISA and then run on a CPU without it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/thread_pool.h"
+
+namespace klein::kernels {
+namespace {
+
+// dst[q * NR + j] = unit (q0 + q) of source row j, for j < nr; 0 for nr ≤ j < NR (the padded
+// columns then compute zeros that are never stored). src rows are `ld` bytes apart and may be
+// misaligned (mapped safetensors data), hence the memcpy loads.
+template <int NR>
+void pack_units(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
+  for (int j = 0; j < nr; ++j) {
+    const uint8_t* s = src + j * ld + q0 * 4;
+    for (int64_t q = 0; q < nq; ++q) std::memcpy(dst + q * NR + j, s + q * 4, 4);
+  }
+  for (int j = nr; j < NR; ++j)
+    for (int64_t q = 0; q < nq; ++q) dst[q * NR + j] = 0;
+}
+
+// Grow-only 64-byte aligned byte buffer, one per thread and call site (thread_local).
+struct UnitScratch {
+  void* p = nullptr;
+  size_t n = 0;
+  template <class T>
+  T* get(size_t count) {
+    const size_t need = (count * sizeof(T) + 63) / 64 * 64;
+    if (need > n) {
+      std::free(p);
+      p = std::aligned_alloc(64, need);
+      n = need;
+    }
+    return static_cast<T*>(p);
+  }
+  ~UnitScratch() { std::free(p); }
+};
+
+// Runs block(m0, m1, n0, n1) over a partition of the [M, N] output among the pool's threads, as
+// the AVX2 GEMM does: N slabs (≤ nc wide, multiples of nr) handed out dynamically, so each slab
+// of W is packed by exactly one thread and a thread that gets less CPU takes fewer slabs; when
+// N is too narrow for the threads, M is split instead (whole mr-row slivers).
+template <class Block>
+void split_gemm(int64_t M, int64_t N, int64_t mr, int64_t nr, int64_t nc, ThreadPool& pool, const Block& block) {
+  const int nt = pool.size();
+  const int64_t panels = (N + nr - 1) / nr;
+  if (nt == 1 || (panels < nt && M < 2 * mr * nt)) {
+    block(0, M, 0, N);
+  } else if (panels >= 8 * nt || M < 4 * mr * nt) {
+    const int64_t width = std::min<int64_t>(nc, (N + 2 * nt * nr - 1) / (2 * nt * nr) * nr);
+    const int64_t slabs = (N + width - 1) / width;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      for (int64_t sl; (sl = next.fetch_add(1, std::memory_order_relaxed)) < slabs;)
+        block(0, M, sl * width, std::min(N, (sl + 1) * width));
+    });
+  } else {
+    const int64_t slivers = (M + mr - 1) / mr;
+    pool.run([&](int t, int n) {
+      const int64_t sb = slivers * t / n, se = slivers * (t + 1) / n;
+      if (sb < se) block(sb * mr, std::min(M, se * mr), 0, N);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace klein::kernels

@@ -1,0 +1,89 @@
+// Scalar references of the fast linear kernels (bf16 dot products, int8 W8A8): the arithmetic
+// each fast kernel promises, written as plainly as possible (see kernels.h for the exact
+// definitions). The bf16 one sums in double, so tests bound the kernels' float32 summation
+// error against it; the int8 one is integer arithmetic, so the kernels must match it exactly.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/format.h"
+#include "kernels/kernels.h"
+
+namespace klein::kernels::ref {
+namespace {
+
+std::vector<float> bias_f32(const Weight* bias, int64_t N) {
+  std::vector<float> b(N, 0.0f);  // [N]
+  if (bias && !bias->empty()) weight_to_f32(*bias, 0, N, b.data());
+  return b;
+}
+
+}  // namespace
+
+void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx, int64_t ldy) {
+  const int64_t N = W.rows();
+  if (W.cols() != K) throw std::invalid_argument("ref::linear_bf16: K mismatch for " + W.name);
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  const std::vector<float> b = bias_f32(bias, N);
+  std::vector<float> xr(M * K), w(K);  // x rounded to bf16 [M, K]; one W row [K]
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xr[m * K + k] = round_bf16(x[m * ldx + k]);
+  for (int64_t n = 0; n < N; ++n) {
+    weight_row_to_f32(W, n, w.data());
+    for (float& v : w) v = round_bf16(v);
+    for (int64_t m = 0; m < M; ++m) {
+      double acc = b[n];
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(xr[m * K + k]) * w[k];
+      y[m * ldy + n] = static_cast<float>(acc);
+    }
+  }
+}
+
+void quantize_row_int8(const float* x, int64_t K, int8_t* q, float* s) {
+  float amax = 0.0f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  *s = amax / 127.0f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float r = *s > 0.0f ? std::nearbyint(x[k] / *s) : 0.0f;  // default mode: half to even
+    q[k] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+  }
+}
+
+void int8_accumulators(const int8_t* q, int64_t M, int64_t K, const Weight& W, int32_t* acc) {
+  if (W.dtype != DType::kQ8Row) throw std::invalid_argument("ref::int8_accumulators: " + W.name + " is not Q8_ROW");
+  const int64_t N = W.rows();
+  const int8_t* w = static_cast<const int8_t*>(W.data);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      int32_t a = 0;
+      for (int64_t k = 0; k < K; ++k) a += int32_t{q[m * K + k]} * int32_t{w[n * K + k]};
+      acc[m * N + n] = a;
+    }
+}
+
+void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx, int64_t ldy) {
+  const int64_t N = W.rows();
+  if (W.cols() != K) throw std::invalid_argument("ref::linear_w8a8: K mismatch for " + W.name);
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  const std::vector<float> b = bias_f32(bias, N);
+  std::vector<int8_t> q(M * K);
+  std::vector<float> sx(M);
+  for (int64_t m = 0; m < M; ++m) quantize_row_int8(x + m * ldx, K, q.data() + m * K, &sx[m]);
+  std::vector<int32_t> acc(M * N);
+  int8_accumulators(q.data(), M, K, W, acc.data());
+  for (int64_t n = 0; n < N; ++n) {
+    const float sw = scale_at(W.scales, W.scale_dtype, n);
+    for (int64_t m = 0; m < M; ++m) {
+      const float t = static_cast<float>(acc[m * N + n]) * sx[m];
+      y[m * ldy + n] = t * sw + b[n];
+    }
+  }
+}
+
+}  // namespace klein::kernels::ref
