@@ -46,6 +46,12 @@ class Binder {
   std::vector<std::string> ignored_;
 };
 
+// Why a component's output went non-finite: scans the source's weights (dequantised row by row;
+// run only after a failure, so its cost does not matter) and returns a format error naming the
+// file and the first tensor with NaN/Inf values, or — when every weight is finite — an error
+// saying the `component` overflowed on finite weights.
+Status non_finite_weight_status(const TensorSource& src, const std::string& component);
+
 // A model component folder: config.json parsed, the weights opened as a SafetensorsSource. The
 // path-based load() overloads of the models use it.
 struct ComponentFiles {

@@ -263,6 +263,8 @@ LatentStats Flux2Vae::latent_stats(LatentArith arith) const {
 }
 
 
+Status Flux2Vae::non_finite_status() const { return non_finite_weight_status(*source_, "VAE"); }
+
 Status Flux2Vae::for_each_weight(const std::function<Status(Weight&)>& fn) {
   auto conv = [&](Conv& c) -> Status {
     KLEIN_RETURN_IF_ERROR(fn(c.w));
