@@ -235,11 +235,11 @@ std::vector<Case> cases() {
   add("OutNotPng", 2, "-o", [](const Ctx& x) { return "generate --model " + q(x.model) + " -q --prompt a -o " + q(x.dir / "out" / "x.jpg"); });
   add("OutIsAFolder", 2, "-o", [](const Ctx& x) { fs::create_directory(x.dir / "out" / "d.png"); return "generate --model " + q(x.model) + " -q --prompt a -o " + q(x.dir / "out" / "d.png"); });
   add("OutIsTheRef", 2, "-o", [](const Ctx& x) {
-    fs::copy_file(data_dir() / "images" / "bad_small_32x48.png", x.out);
+    fs::copy_file(data_dir() / "images" / "size_64x64.png", x.out);
     return x.gen("--ref " + q(x.out));
   });
   add("OutIsTheRefViaDots", 2, "-o", [](const Ctx& x) {
-    fs::copy_file(data_dir() / "images" / "bad_small_32x48.png", x.out);
+    fs::copy_file(data_dir() / "images" / "size_64x64.png", x.out);
     return x.gen("--ref " + q(x.dir / "out" / ".." / "out" / "x.png"));
   });
   add("EncodeOutIsPromptFile", 2, "-o", [](const Ctx& x) {

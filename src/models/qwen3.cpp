@@ -76,7 +76,7 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
     while (p < n.size() && n[p] >= '0' && n[p] <= '9' && i < kMaxConfigDim) i = i * 10 + (n[p++] - '0');
     if (p < n.size() && n[p] == '.') file_layers = std::max(file_layers, i + 1);
   }
-  if (c.num_layers > file_layers && file_layers != num_layers_needed)
+  if (c.num_layers > file_layers && file_layers > num_layers_needed)
     return format_error(config_where + ": num_hidden_layers is " + std::to_string(c.num_layers) + " but " +
                         m.source_->origin() + " holds " + std::to_string(file_layers) + " layers");
   Binder b(*m.source_);
