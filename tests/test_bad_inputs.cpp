@@ -175,6 +175,10 @@ std::vector<Case> cases() {
   });
   add("VaeNaNInConv", 1, "'decoder.conv_out.weight'", [](const Ctx& x) { st_poke_bf16(x.file(kVae), "decoder.conv_out.weight", 7, kBf16NaN); return x.gen(); });
   add("VaeNaNInBias", 1, "'decoder.conv_in.bias'", [](const Ctx& x) { st_poke_bf16(x.file(kVae), "decoder.conv_in.bias", 0, kBf16NaN); return x.gen(); });
+  add("VaeEncoderNaNWithRef", 1, "'encoder.conv_in.weight'", [](const Ctx& x) {
+    st_poke_bf16(x.file(kVae), "encoder.conv_in.weight", 4, kBf16NaN);
+    return x.gen("--ref " + x.img("size_64x64.png"));
+  });
   add("VaeTensorMissing", 1, "'decoder.conv_out.weight'", [](const Ctx& x) { st_edit(x.file(kVae), [](auto& h) { h.erase("decoder.conv_out.weight"); }); return x.gen(); });
   // ---- tokenizer
   add("TokenizerJsonMissing", 1, "tokenizer", [](const Ctx& x) { fs::remove(x.file("tokenizer/tokenizer.json")); return x.gen(); });
