@@ -105,6 +105,9 @@ std::vector<Case> cases() {
     });
   });
   add("VaeLatent16", 1, "latent_channels", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["latent_channels"] = 16; }); });
+  add("VaeChannelsHuge", 1, "block_out_channels", [=](const Ctx& x) {
+    return vae_cfg(x, [](auto& j) { j["block_out_channels"] = {8, 16, int64_t{1} << 40, 32}; j["norm_num_groups"] = 4; });
+  });
   add("VaeGroups5", 1, "norm_num_groups", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["norm_num_groups"] = 5; }); });
   add("VaeActRelu", 1, "act_fn", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["act_fn"] = "relu"; }); });
   add("VaeOutChannels4", 1, "out_channels", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["out_channels"] = 4; }); });
