@@ -172,6 +172,11 @@ std::vector<Case> cases() {
     st_poke_bf16(x.file(kTe), "model.layers.3.mlp.down_proj.weight", 0, kBf16NaN);
     return x.gen();
   });
+  add("TeNaNInMatrixAndUnusedLayer", 1, "'model.layers.3.mlp.down_proj.weight'", [](const Ctx& x) {
+    st_poke_bf16(x.file(kTe), "model.layers.28.mlp.down_proj.weight", 0, kBf16NaN);  // never read: not named
+    st_poke_bf16(x.file(kTe), "model.layers.3.mlp.down_proj.weight", 0, kBf16NaN);
+    return x.gen();
+  });
   add("TeNaNInNorm", 1, "'model.layers.0.input_layernorm.weight'", [](const Ctx& x) {
     st_poke_bf16(x.file(kTe), "model.layers.0.input_layernorm.weight", 1, kBf16NaN);
     return x.gen();

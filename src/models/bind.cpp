@@ -53,9 +53,11 @@ Status Binder::finish(const std::string& described_by) const {
   return Status::Ok();
 }
 
-Status non_finite_weight_status(const TensorSource& src, const std::string& component) {
+Status non_finite_weight_status(const TensorSource& src, const std::string& component,
+                                const std::function<bool(const std::string&)>& used) {
   std::vector<float> row;
   for (const std::string& name : src.names()) {
+    if (used && !used(name)) continue;
     auto w = src.get(name);
     if (!w.ok() || !validate_weight(*w).ok() || w->layout != Layout::kRowMajor) continue;
     const int64_t rows = w->shape.empty() ? 1 : w->rows(), cols = w->shape.empty() ? 1 : w->cols();

@@ -140,7 +140,19 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
     ctx.report("encode", i + 1, max_tap);
   }
   KLEIN_ASSIGN_OR_RETURN(bool finite, be.all_finite(out));
-  if (!finite) return non_finite_weight_status(*source_, "text encoder");
+  if (!finite) {
+    // Only the tensors encode() read: not the layers past the deepest tap nor lm_head.
+    const int n = loaded_layers();
+    return non_finite_weight_status(*source_, "text encoder", [&](const std::string& name) {
+      if (name == "model.embed_tokens.weight") return true;
+      if (name == "model.norm.weight") return !final_norm_f32_.empty();
+      if (!name.starts_with("model.layers.")) return false;
+      const size_t dot = name.find('.', 13);
+      const std::string idx = name.substr(13, dot == std::string::npos ? std::string::npos : dot - 13);
+      return !idx.empty() && idx.size() < 9 && idx.find_first_not_of("0123456789") == std::string::npos &&
+             std::stoi(idx) < n;
+    });
+  }
   return out;
 }
 
