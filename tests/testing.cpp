@@ -1,5 +1,6 @@
 #include "testing.h"
 
+#include <cstdlib>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -31,7 +32,8 @@ static std::string slurp(const std::filesystem::path& p) {
 CliResult run_cli(const std::string& args) {
   auto dir = make_temp_dir("cli");
   auto out = dir / "stdout", err = dir / "stderr";
-  std::string cmd = std::string("'") + KLEIN_CLI_PATH + "' " + args + " >'" + out.string() +
+  const char* cli = std::getenv("KLEIN_TEST_CLI");  // another build's binary (e.g. a baseline)
+  std::string cmd = std::string("'") + (cli && *cli ? cli : KLEIN_CLI_PATH) + "' " + args + " >'" + out.string() +
                     "' 2>'" + err.string() + "' </dev/null";
   int rc = std::system(cmd.c_str());
   CliResult r;

@@ -19,6 +19,7 @@ struct CliResult {
   std::string err;  // stderr
 };
 // Runs the built `klein` binary with the given argument string (shell-quoted by the caller).
+// KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
 
 }  // namespace klein::testing

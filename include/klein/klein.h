@@ -237,9 +237,13 @@ struct GenerateOptions {
 // returned if it is finite (never a NaN image).
 KLEIN_API Result<GenerateResult> generate(const GenerateOptions& options);
 
-// Writes `image` as PNG atomically (temporary file + rename), with text metadata chunks.
+// Writes `image` as PNG atomically (an unpredictable temporary file in the same folder, synced,
+// then renamed over `path`; removed on failure), with text metadata chunks (iTXt, UTF-8: bytes
+// of a value that are not valid UTF-8 are written as U+FFFD).
 KLEIN_API Status save_png(const std::string& path, const Image& image,
                           const std::vector<std::pair<std::string, std::string>>& metadata = {});
+// Writes a float32 C-order .npy atomically, as save_png does. data.size() must match shape.
+KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
 
 // A report on this CPU: model name, the instruction-set features found, the ISAs usable, and the
 // kernel chosen for each (op, weight format) — with the best ISA, or under the ceiling `isa`

@@ -24,6 +24,10 @@ enum class Code {
 
 KLEIN_API const char* code_name(Code c);
 
+class Status;
+// Prints "klein: Result::value() called on an error: <status>" to stderr and aborts.
+[[noreturn]] KLEIN_API void result_value_on_error(const Status& s);
+
 class [[nodiscard]] KLEIN_API Status {
  public:
   Status() = default;
@@ -60,9 +64,14 @@ class [[nodiscard]] Result {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // value() on an error is a bug in the caller: it aborts with the status message on stderr (in
+  // every build; never undefined behaviour, never an exception). Check ok() first, or use value_or.
+  T& value() & { check(); return *std::get_if<T>(&v_); }
+  const T& value() const& { check(); return *std::get_if<T>(&v_); }
+  T&& value() && { check(); return std::move(*std::get_if<T>(&v_)); }
+  // The value, or `fallback` when there is none.
+  T value_or(T fallback) const& { return ok() ? *std::get_if<T>(&v_) : std::move(fallback); }
+  T value_or(T fallback) && { return ok() ? std::move(*std::get_if<T>(&v_)) : std::move(fallback); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -70,6 +79,9 @@ class [[nodiscard]] Result {
   T&& operator*() && { return std::move(*this).value(); }
 
  private:
+  void check() const {
+    if (!ok()) result_value_on_error(*std::get_if<Status>(&v_));
+  }
   std::variant<T, Status> v_;
 };
 

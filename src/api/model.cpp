@@ -144,6 +144,14 @@ Result<Tensor> make_noise(const FloatArray* given, const std::string& name, int 
 
 Status dumper_status(const Dumper& d) { return d.status(); }
 
+// Privacy: an image's metadata names the model and references by their last path component
+// only ("FLUX.2-klein-4B", "photo.jpg"), never the folders above (a home directory, a user name).
+std::string last_path_component(const std::string& p) {
+  fs::path q = fs::path(p).lexically_normal();
+  if (q.filename().empty()) q = q.parent_path();  // "dir/" → "dir"
+  return q.filename().string();
+}
+
 }  // namespace
 
 // ---- Model: lifetime --------------------------------------------------------------------------
@@ -185,14 +193,33 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     KLEIN_ASSIGN_OR_RETURN(auto vae_json, f.config("vae"));
     KLEIN_ASSIGN_OR_RETURN(m->vae_cfg, Flux2VaeConfig::from_json(vae_json, (m->vae_dir.dir / "config.json").string()));
     KLEIN_ASSIGN_OR_RETURN(auto sched_json, f.config("scheduler"));
-    KLEIN_ASSIGN_OR_RETURN(m->sched_cfg, FlowMatchConfig::from_json(sched_json, (f.root() / "scheduler").string()));
+    KLEIN_ASSIGN_OR_RETURN(m->sched_cfg, FlowMatchConfig::from_json(sched_json, (f.root() / "scheduler" / "scheduler_config.json").string()));
+    // What the pipeline itself fixes (klein's limits, not the configs' faults): name the field.
+    const std::string vae_cfg_path = (m->vae_dir.dir / "config.json").string();
+    const std::string dit_cfg_path = (m->dit_dir.dir / "config.json").string();
+    if (m->vae_cfg.latent_channels != 32)
+      return unsupported(vae_cfg_path + ": latent_channels is " + std::to_string(m->vae_cfg.latent_channels) +
+                         "; klein's pipeline supports only 32 (FLUX.2's VAE: patchified to 128 transformer channels)");
+    if (m->vae_cfg.block_out_channels.size() != 4)
+      return unsupported(vae_cfg_path + ": block_out_channels has " +
+                         std::to_string(m->vae_cfg.block_out_channels.size()) + " entries (latent scale factor " +
+                         std::to_string(m->vae_cfg.scale_factor()) +
+                         "); klein's pipeline supports only 4 (scale factor 8, as FLUX.2's VAE)");
+    if (m->vae_cfg.in_channels != 3 || m->vae_cfg.out_channels != 3)
+      return unsupported(vae_cfg_path + ": in_channels/out_channels are " + std::to_string(m->vae_cfg.in_channels) +
+                         "/" + std::to_string(m->vae_cfg.out_channels) + "; klein's pipeline supports only 3 (RGB)");
+    if (m->dit_cfg.in_channels != 128)
+      return unsupported(dit_cfg_path + ": in_channels is " + std::to_string(m->dit_cfg.in_channels) +
+                         "; klein's pipeline supports only 128 (4 x the VAE's 32 latent channels)");
     const int64_t text_width = static_cast<int64_t>(kKleinTextTaps.size()) * m->te_cfg.hidden_size;
-    if (m->dit_cfg.in_channels != 128 || m->dit_cfg.joint_attention_dim != text_width)
-      return format_error((m->dit_dir.dir / "config.json").string() + ": transformer expects in_channels " +
-                          std::to_string(m->dit_cfg.in_channels) + " and joint_attention_dim " +
-                          std::to_string(m->dit_cfg.joint_attention_dim) +
-                          ", but the latents have 128 channels and the text encoder gives " + std::to_string(text_width) +
-                          " (wrong component combination?)");
+    if (m->dit_cfg.joint_attention_dim != text_width)
+      return format_error(dit_cfg_path + ": joint_attention_dim is " + std::to_string(m->dit_cfg.joint_attention_dim) +
+                          ", but the text encoder gives " + std::to_string(text_width) + " (3 x hidden_size " +
+                          std::to_string(m->te_cfg.hidden_size) + "; wrong component combination?)");
+    if (m->te_cfg.num_layers < kKleinTextLayersNeeded)
+      return unsupported((m->te_dir.dir / "config.json").string() + ": num_hidden_layers is " +
+                         std::to_string(m->te_cfg.num_layers) + "; klein taps hidden states 9, 18 and 27, so it needs " +
+                         "at least " + std::to_string(kKleinTextLayersNeeded));
     KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
     m->tokenizer.emplace(std::move(tok));
 
@@ -361,10 +388,10 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
                   {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
                   {"steps", std::to_string(g.steps)},
                   {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
-                  {"model", fs::absolute(m.path).lexically_normal().string()},
+                  {"model", last_path_component(m.path)},
                   {"software", std::string("klein.cpp ") + version()}};
     for (size_t i = 0; i < req.reference_images.size(); ++i)
-      r.metadata.emplace_back("reference" + std::to_string(i + 1), req.reference_images[i]);
+      r.metadata.emplace_back("reference" + std::to_string(i + 1), last_path_component(req.reference_images[i]));
     return r;
   });
 }

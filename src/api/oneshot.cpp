@@ -1,6 +1,8 @@
 // The free functions of the public API: one-shot generate, save_png, cpu_info, version.
 #include "api/components.h"
 #include "api/guard.h"
+#include "core/checked.h"
+#include "io/npy.h"
 #include "io/png_writer.h"
 #include "klein/klein.h"
 
@@ -43,6 +45,15 @@ Status save_png(const std::string& path, const Image& image,
         image.rgb.size() != static_cast<size_t>(image.width) * image.height * 3)
       return invalid_argument("save_png: image buffer does not match its size");
     return write_png(path, image.width, image.height, image.rgb.data(), metadata);
+  });
+}
+
+Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data) {
+  return api::guarded("save_npy", [&]() -> Status {
+    int64_t n = 0;
+    if (!checked_numel(shape, &n) || static_cast<uint64_t>(n) != data.size())
+      return invalid_argument("save_npy: data does not match the shape " + shape_str(shape));
+    return write_npy(path, DType::kF32, shape, data.data());
   });
 }
 

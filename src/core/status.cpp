@@ -1,5 +1,8 @@
 #include "klein/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace klein {
 
 const char* code_name(Code c) {
@@ -22,6 +25,12 @@ std::string Status::to_string() const {
   // An out-of-memory message already begins "out of memory: ...".
   if (code_ == Code::kOutOfMemory && message_.starts_with("out of memory")) return message_;
   return std::string(code_name(code_)) + ": " + message_;
+}
+
+void result_value_on_error(const Status& s) {
+  std::fprintf(stderr, "klein: Result::value() called on an error: %s\n", s.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
 }
 
 }  // namespace klein

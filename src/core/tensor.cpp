@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include "core/checked.h"
 #include "core/format.h"
 
 #include <cmath>
@@ -12,8 +13,11 @@
 namespace klein {
 
 int64_t shape_numel(const Shape& s) {
+  // Saturating: a shape from a file is checked where it is read (checked_numel); this never
+  // overflows into undefined behaviour even when it was not.
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s)
+    if (__builtin_mul_overflow(n, d, &n)) return INT64_MAX;
   return n;
 }
 
@@ -121,7 +125,8 @@ float* host_alloc(int64_t numel) {
 }
 }  // namespace
 
-Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+Tensor::Tensor(Shape shape) : shape_(std::move(shape)) {
+  if (!checked_numel(shape_, &numel_) || numel_ > (int64_t{1} << 60)) throw std::bad_alloc();
   if (numel_ > 0) {
     float* p = host_alloc(numel_);
     if (!p) throw std::bad_alloc();
@@ -166,10 +171,12 @@ Tensor Tensor::clone() const {
   return t;
 }
 
-void Tensor::reshape(Shape s) {
-  if (shape_numel(s) != numel_)
-    throw std::logic_error("Tensor::reshape " + shape_str(shape_) + " -> " + shape_str(s));
+Status Tensor::reshape(Shape s) {
+  int64_t n = 0;
+  if (!checked_numel(s, &n) || n != numel_)
+    return internal_error("Tensor::reshape " + shape_str(shape_) + " -> " + shape_str(s));
   shape_ = std::move(s);
+  return Status::Ok();
 }
 
 TensorView Tensor::view() const {

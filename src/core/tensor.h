@@ -68,8 +68,9 @@ struct TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  // Host tensor. Throws std::bad_alloc on failure: library code allocates through alloc() (or
-  // a Backend), which reports "out of memory" as a Status instead.
+  // Host tensor. Throws std::bad_alloc on failure or on a shape whose size overflows: library
+  // code allocates through alloc() (or a Backend), which reports "out of memory" as a Status
+  // instead; the few small fixed-size uses left are behind the API's catch-all (api/guard.h).
   explicit Tensor(Shape shape);
   Tensor(std::initializer_list<int64_t> shape) : Tensor(Shape(shape)) {}
   Tensor(Tensor&&) noexcept = default;
@@ -92,8 +93,8 @@ class Tensor {
   Device device() const { return device_; }
   float* data() { return buf_.get(); }
   const float* data() const { return buf_.get(); }
-  // Same data, new shape with the same element count.
-  void reshape(Shape s);
+  // Same data, new shape with the same element count (else an internal error, the tensor unchanged).
+  Status reshape(Shape s);
 
   TensorView view() const;
   operator TensorView() const { return view(); }  // NOLINT: tensors pass where views are taken

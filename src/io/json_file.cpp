@@ -1,8 +1,10 @@
 #include "io/json_file.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "core/checked.h"
 #include "io/file_counter.h"
 
 namespace klein {
@@ -27,6 +29,12 @@ Result<int64_t> json_int(const nlohmann::json& j, const std::string& key, const 
     return format_error(where + ": missing \"" + key + "\"");
   }
   if (!j[key].is_number_integer()) return format_error(where + ": \"" + key + "\" is not an integer");
+  // Config integers are dimensions and counts: bounding them keeps every product of two in int64
+  // (a uint64 above INT64_MAX would also wrap negative in get<int64_t>()).
+  if (j[key].is_number_unsigned() ? j[key].get<uint64_t>() > static_cast<uint64_t>(kMaxConfigDim)
+                                  : std::llabs(j[key].get<int64_t>()) > kMaxConfigDim)
+    return format_error(where + ": \"" + key + "\" " + j[key].dump() + " is out of range (at most " +
+                        std::to_string(kMaxConfigDim) + ")");
   return j[key].get<int64_t>();
 }
 

@@ -44,9 +44,13 @@ Result<ComponentInfo> ModelFolder::component(const std::string& name) const {
 
 Result<nlohmann::json> ModelFolder::config(const std::string& name) const {
   KLEIN_ASSIGN_OR_RETURN(auto c, component(name));
-  fs::path p = c.dir / "config.json";
+  // diffusers names a scheduler's file scheduler_config.json, a model's config.json; a missing
+  // file is reported under the name that component should have.
+  const bool sched = name == "scheduler";
+  fs::path p = c.dir / (sched ? "scheduler_config.json" : "config.json");
+  const fs::path other = c.dir / (sched ? "config.json" : "scheduler_config.json");
   std::error_code ec;
-  if (!fs::exists(p, ec) && fs::exists(c.dir / "scheduler_config.json", ec)) p = c.dir / "scheduler_config.json";
+  if (!fs::exists(p, ec) && fs::exists(other, ec)) p = other;
   KLEIN_ASSIGN_OR_RETURN(auto j, read_json_file(p));
   if (!j.is_object()) return format_error(p.string() + ": not a JSON object");
   return j;

@@ -1,10 +1,13 @@
 #include "core/format.h"
 #include "io/npy.h"
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 
+#include "core/checked.h"
 #include "io/atomic_file.h"
 
 namespace klein {
@@ -96,8 +99,12 @@ std::vector<int64_t> NpyArray::to_i64() const {
       case DType::kI8: r[i] = static_cast<int8_t>(p[i]); break;
       case DType::kU8: case DType::kBool: r[i] = p[i]; break;
       default: {
+        // Float to int64 is undefined for NaN and out-of-range values: those saturate (NaN → 0).
         auto f = to_f32();
-        for (int64_t j = 0; j < n; ++j) r[j] = static_cast<int64_t>(f[j]);
+        for (int64_t j = 0; j < n; ++j) {
+          if (!checked_trunc(f[j], &r[j]))
+            r[j] = std::isnan(f[j]) ? 0 : (f[j] > 0 ? INT64_MAX : INT64_MIN);
+        }
         return r;
       }
     }
@@ -145,13 +152,32 @@ Result<NpyArray> read_npy(const std::filesystem::path& path) {
   while (pos < shape_s.size()) {
     while (pos < shape_s.size() && (shape_s[pos] == ' ' || shape_s[pos] == ',')) ++pos;
     if (pos >= shape_s.size()) break;
+    // Digits by hand (std::stoll throws on 20+ digits), each dimension bounded by 2^40.
+    int64_t d = 0;
     size_t e = pos;
-    while (e < shape_s.size() && std::isdigit(static_cast<unsigned char>(shape_s[e]))) ++e;
+    for (; e < shape_s.size() && std::isdigit(static_cast<unsigned char>(shape_s[e])); ++e) {
+      d = d * 10 + (shape_s[e] - '0');
+      if (d > (int64_t{1} << 40))
+        return format_error(name + ": shape '(" + shape_s + ")' has a dimension over 2^40");
+    }
     if (e == pos) return format_error(name + ": bad shape '" + shape_s + "'");
-    a.shape.push_back(std::stoll(shape_s.substr(pos, e - pos)));
+    if (a.shape.size() >= 32) return format_error(name + ": shape '(" + shape_s + ")' has over 32 dimensions");
+    a.shape.push_back(d);
     pos = e;
   }
-  const size_t nbytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype);
+  // The size the header claims, checked for overflow and against the file before allocating.
+  int64_t numel = 0, nbytes64 = 0;
+  if (!checked_numel(a.shape, &numel) ||
+      !checked_mul(numel, static_cast<int64_t>(dtype_size(a.dtype)), &nbytes64))
+    return format_error(name + ": shape " + shape_str(a.shape) + " is too large");
+  const std::streamoff data_start = f.tellg();
+  f.seekg(0, std::ios::end);
+  const std::streamoff file_end = f.tellg();
+  f.seekg(data_start);
+  if (data_start < 0 || file_end < data_start || file_end - data_start < nbytes64)
+    return format_error(name + ": truncated data: shape " + shape_str(a.shape) + " needs " + std::to_string(nbytes64) +
+                        " bytes, the file has " + std::to_string(file_end - data_start) + " after the header");
+  const size_t nbytes = static_cast<size_t>(nbytes64);
   a.bytes.resize(nbytes);
   if (nbytes && !f.read(reinterpret_cast<char*>(a.bytes.data()), nbytes))
     return format_error(name + ": truncated data (expected " + std::to_string(nbytes) + " bytes)");

@@ -20,6 +20,41 @@ void on_error(png_structp png, png_const_charp msg) {
 }
 void on_warning(png_structp, png_const_charp) {}
 
+}  // namespace
+
+std::string repair_utf8(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(in.data());
+  const size_t n = in.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) len = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) ok = false;
+      else cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
+    if (ok && (cp < min || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)) ok = false;
+    if (ok) {
+      out.append(in, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the one bad byte; decoding resumes at the next
+      ++i;
+    }
+  }
+  return out;
+}
+
+namespace {
+
 // Encodes into an open FILE*; false on any libpng error (message in err).
 bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
             const std::vector<std::pair<std::string, std::string>>& text, PngErr* err) {
@@ -31,6 +66,10 @@ bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
     return false;
   }
   std::vector<png_text> chunks(text.size());
+  // iTXt text must be UTF-8 (PNG spec 11.3.4.5): invalid bytes of a prompt become U+FFFD.
+  std::vector<std::string> values;
+  values.reserve(text.size());
+  for (const auto& kv : text) values.push_back(repair_utf8(kv.second));
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_write_struct(&png, &info);
     return false;
@@ -43,8 +82,8 @@ bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
     chunks[i] = png_text{};
     chunks[i].compression = PNG_ITXT_COMPRESSION_NONE;
     chunks[i].key = const_cast<char*>(text[i].first.c_str());
-    chunks[i].text = const_cast<char*>(text[i].second.c_str());
-    chunks[i].itxt_length = text[i].second.size();
+    chunks[i].text = const_cast<char*>(values[i].c_str());
+    chunks[i].itxt_length = values[i].size();
     chunks[i].lang = nullptr;
     chunks[i].lang_key = nullptr;
   }

@@ -60,11 +60,21 @@ Status WeightStore::add_file(const fs::path& file) {
   if (hlen > mf->size() - 8) return format_error(p + ": header length " + std::to_string(hlen) + " exceeds file size " + std::to_string(mf->size()) + " (truncated file?)");
   if (hlen > (size_t{100} << 20)) return format_error(p + ": header length " + std::to_string(hlen) + " is implausibly large");
   json h;
+  // JSON lets a key repeat (the last one wins); a header naming a tensor twice is corrupt.
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto on_event = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+        !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    h = json::parse(mf->data() + 8, mf->data() + 8 + hlen);
+    h = json::parse(mf->data() + 8, mf->data() + 8 + hlen, on_event);
   } catch (const std::exception& e) {
     return format_error(p + ": safetensors header is not valid JSON (" + e.what() + ")");
   }
+  if (!duplicate.empty()) return format_error(p + ": tensor '" + duplicate + "' is named twice in the header");
   if (!h.is_object()) return format_error(p + ": safetensors header is not a JSON object");
   const uint8_t* base = mf->data() + 8 + hlen;
   const size_t data_len = mf->size() - 8 - hlen;

@@ -20,6 +20,13 @@ Status Binder::optional(const std::string& name, const Shape& expected, Weight* 
     return format_error(file + ": tensor '" + name + "' has shape " + shape_str(w.shape) +
                         " but the config implies " + shape_str(expected));
   if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
+  // Vectors (norms, biases) are cheap to scan here; matrices are scanned only when an output
+  // goes non-finite (non_finite_weight_status).
+  if (w.shape.size() <= 1 && w.numel() <= (int64_t{1} << 24)) {
+    std::vector<float> v = weight_to_vector(w);
+    if (!all_finite(v.data(), static_cast<int64_t>(v.size())))
+      return format_error(file + ": tensor '" + name + "' has non-finite values (NaN/Inf)");
+  }
   *out = std::move(w);
   return Status::Ok();
 }
@@ -44,6 +51,25 @@ Status Binder::finish(const std::string& described_by) const {
                         (described_by.empty() ? std::string() : " that " + described_by + " describes"));
   }
   return Status::Ok();
+}
+
+Status non_finite_weight_status(const TensorSource& src, const std::string& component,
+                                const std::function<bool(const std::string&)>& used) {
+  std::vector<float> row;
+  for (const std::string& name : src.names()) {
+    if (used && !used(name)) continue;
+    auto w = src.get(name);
+    if (!w.ok() || !validate_weight(*w).ok() || w->layout != Layout::kRowMajor) continue;
+    const int64_t rows = w->shape.empty() ? 1 : w->rows(), cols = w->shape.empty() ? 1 : w->cols();
+    row.resize(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      weight_to_f32(*w, r * cols, cols, row.data());
+      if (!all_finite(row.data(), cols))
+        return format_error(src.file_of(name) + ": tensor '" + name + "' has non-finite values (NaN/Inf), so the " +
+                            component + " output is not finite");
+    }
+  }
+  return internal_error(component + " produced non-finite values although every weight is finite (overflow)");
 }
 
 Result<ComponentFiles> open_component(const std::filesystem::path& dir) {

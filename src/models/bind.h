@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,6 +46,14 @@ class Binder {
   std::set<std::string> bound_;
   std::vector<std::string> ignored_;
 };
+
+// Why a component's output went non-finite: scans the source's weights (dequantised row by row;
+// run only after a failure, so its cost does not matter) and returns a format error naming the
+// file and the first tensor with NaN/Inf values, or — when every weight is finite — an error
+// saying the `component` overflowed on finite weights.
+// `used` (if given) limits the scan to the tensors the model reads (not the ignored ones).
+Status non_finite_weight_status(const TensorSource& src, const std::string& component,
+                                const std::function<bool(const std::string&)>& used = nullptr);
 
 // A model component folder: config.json parsed, the weights opened as a SafetensorsSource. The
 // path-based load() overloads of the models use it.

@@ -2,6 +2,7 @@
 // The forward pass is in flux2_dit_forward.cpp.
 #include <cmath>
 
+#include "core/checked.h"
 #include "io/json_file.h"
 #include "models/bind.h"
 #include "models/flux2_dit.h"
@@ -106,6 +107,9 @@ Result<Flux2Config> Flux2Config::from_json(const nlohmann::json& j, const std::s
     if (!a.is_array()) return format_error(where + ": \"axes_dims_rope\" is not an array");
     for (const auto& v : a) {
       if (!v.is_number_integer()) return format_error(where + ": \"axes_dims_rope\" has a non-integer entry");
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxConfigDim)) ||
+          std::llabs(v.get<int64_t>()) > kMaxConfigDim)
+        return format_error(where + ": \"axes_dims_rope\" entry " + v.dump() + " is out of range");
       c.axes_dims_rope.push_back(v.get<int64_t>());
     }
   }
@@ -125,8 +129,12 @@ Result<Flux2Config> Flux2Config::from_json(const nlohmann::json& j, const std::s
   if (c.attention_head_dim % 2 != 0)
     return format_error(where + ": \"attention_head_dim\" " + std::to_string(c.attention_head_dim) +
                         " is odd (RoPE rotates pairs)");
-  if (!(c.mlp_ratio > 0.0) || c.mlp_hidden_dim() <= 0)
-    return format_error(where + ": \"mlp_ratio\" must give a positive MLP width");
+  KLEIN_ASSIGN_OR_RETURN(c.inner_dim_, checked_mul(c.num_attention_heads, c.attention_head_dim, where,
+                                                   "num_attention_heads x attention_head_dim"));
+  if (!(c.mlp_ratio > 0.0) || !checked_trunc(static_cast<double>(c.inner_dim_) * c.mlp_ratio, &c.mlp_hidden_dim_) ||
+      c.mlp_hidden_dim_ <= 0 || c.mlp_hidden_dim_ > kMaxConfigDim)
+    return format_error(where + ": \"mlp_ratio\" " + std::to_string(c.mlp_ratio) +
+                        " must give an MLP width between 1 and " + std::to_string(kMaxConfigDim));
   if (!(c.rope_theta > 0.0)) return format_error(where + ": \"rope_theta\" must be positive");
   if (!(c.eps >= 0.0)) return format_error(where + ": \"eps\" must be non-negative");
   if (c.axes_dims_rope.empty() || c.axes_dims_rope.size() > 4)
@@ -137,7 +145,7 @@ Result<Flux2Config> Flux2Config::from_json(const nlohmann::json& j, const std::s
     if (a <= 0 || a % 2 != 0)
       return format_error(where + ": \"axes_dims_rope\" entries must be positive and even, got " +
                           std::to_string(a));
-    sum += a;
+    sum += a;  // at most 4 entries of at most kMaxConfigDim each (json_int's bound): no overflow
   }
   if (sum != c.attention_head_dim)
     return format_error(where + ": \"axes_dims_rope\" sums to " + std::to_string(sum) +

@@ -56,13 +56,16 @@ struct Flux2Config {
   bool guidance_embeds = false;
   double eps = 1e-6;
 
-  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  // Both are computed once by from_json, with overflow checks (the config may claim anything).
+  int64_t inner_dim() const { return inner_dim_; }
   // int(inner_dim * mlp_ratio), as Python truncates it.
-  int64_t mlp_hidden_dim() const { return static_cast<int64_t>(static_cast<double>(inner_dim()) * mlp_ratio); }
+  int64_t mlp_hidden_dim() const { return mlp_hidden_dim_; }
 
   // Reads a diffusers transformer/config.json. Missing optional keys take diffusers' defaults
   // (note: guidance_embeds defaults to true there). `where` names the file in messages.
   static Result<Flux2Config> from_json(const nlohmann::json& j, const std::string& where);
+
+  int64_t inner_dim_ = 0, mlp_hidden_dim_ = 0;
 };
 
 class Flux2Transformer {

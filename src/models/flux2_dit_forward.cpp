@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "models/bind.h"
 #include "models/flux2_dit.h"
 
 namespace klein {
@@ -276,7 +277,7 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   KLEIN_RETURN_IF_ERROR(be.linear(nimg, proj_out_, nullptr, out));
   ctx.dump("dit.output", out, {1, N, Cout});
   KLEIN_ASSIGN_OR_RETURN(bool finite, be.all_finite(out));
-  if (!finite) return internal_error("transformer produced non-finite values (corrupt weights or overflow)");
+  if (!finite) return non_finite_weight_status(*source_, "transformer");
   return out;
 }
 

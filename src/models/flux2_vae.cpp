@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked.h"
 #include "io/json_file.h"
 #include "models/bind.h"
 
@@ -29,6 +30,9 @@ Result<std::vector<int64_t>> json_int_list(const nlohmann::json& j, const std::s
   for (const auto& e : j[key]) {
     if (!e.is_number_integer() || e.get<int64_t>() <= 0)
       return format_error(where + ": \"" + key + "\" has a non-positive or non-integer entry");
+    if (e.get<int64_t>() > kMaxConfigDim)  // bounded like json_int: products stay in int64
+      return format_error(where + ": \"" + key + "\" entry " + e.dump() + " is out of range (at most " +
+                          std::to_string(kMaxConfigDim) + ")");
     v.push_back(e.get<int64_t>());
   }
   return v;
@@ -262,6 +266,8 @@ LatentStats Flux2Vae::latent_stats(LatentArith arith) const {
   return s;
 }
 
+
+Status Flux2Vae::non_finite_status() const { return non_finite_weight_status(*source_, "VAE"); }
 
 Status Flux2Vae::for_each_weight(const std::function<Status(Weight&)>& fn) {
   auto conv = [&](Conv& c) -> Status {

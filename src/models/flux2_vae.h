@@ -82,6 +82,8 @@ class Flux2Vae {
   // Calls fn on every weight the model holds (empty optional ones included), stopping at the
   // first error: weight preparation for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Why an output of this VAE is non-finite: the file and tensor of the first non-finite weight.
+  Status non_finite_status() const;
   // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
   Status prepare(Backend& be) {
     return for_each_weight([&](Weight& w) { return w.empty() ? Status::Ok() : be.prepare_weight(w); });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked.h"
 #include "io/json_file.h"
 #include "models/bind.h"
 
@@ -43,6 +44,12 @@ Result<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& j, const std::s
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 ||
       c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0 || c.head_dim % 2 != 0)
     return format_error(where + ": non-positive or odd dimension in the Qwen3 config");
+  // Checked: a config may claim any head count (json_int bounds each factor, not the product).
+  int64_t dq = 0, dkv = 0;
+  if (!checked_mul(c.num_heads, c.head_dim, &dq) || !checked_mul(c.num_kv_heads, c.head_dim, &dkv) ||
+      dq > kMaxConfigDim || dkv > kMaxConfigDim)
+    return format_error(where + ": num_attention_heads x head_dim (" + std::to_string(c.num_heads) + " x " +
+                        std::to_string(c.head_dim) + ") is too large");
   if (c.num_heads % c.num_kv_heads != 0)
     return format_error(where + ": num_attention_heads " + std::to_string(c.num_heads) +
                         " is not a multiple of num_key_value_heads " + std::to_string(c.num_kv_heads));
@@ -58,6 +65,20 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
     return format_error(config_where + ": the text encoder has " + std::to_string(c.num_layers) +
                         " layers, but " + std::to_string(num_layers_needed) + " are needed");
   m.source_ = std::move(src);
+  // The layers the file holds: a config that names more is a wrong config for these weights
+  // (and the ignore loop below must not run to a claimed billion) — unless the file holds
+  // exactly the layers klein reads (a checkpoint trimmed after the deepest tap).
+  int64_t file_layers = 0;
+  for (const std::string& n : m.source_->names()) {
+    if (!n.starts_with("model.layers.")) continue;
+    int64_t i = 0;
+    size_t p = 13;
+    while (p < n.size() && n[p] >= '0' && n[p] <= '9' && i < kMaxConfigDim) i = i * 10 + (n[p++] - '0');
+    if (p < n.size() && n[p] == '.') file_layers = std::max(file_layers, i + 1);
+  }
+  if (c.num_layers > file_layers && file_layers > num_layers_needed)
+    return format_error(config_where + ": num_hidden_layers is " + std::to_string(c.num_layers) + " but " +
+                        m.source_->origin() + " holds " + std::to_string(file_layers) + " layers");
   Binder b(*m.source_);
   const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
   KLEIN_RETURN_IF_ERROR(b.required("model.embed_tokens.weight", {c.vocab_size, H}, &m.embed_));
@@ -89,11 +110,16 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
     L.post_norm_f32 = weight_to_vector(L.post_norm);
     m.layers_.push_back(std::move(L));
   }
+  // transformers returns the final-normed state as hidden_states[num_layers]: when the deepest
+  // tap is the last layer (a 27-layer model), that tap gets model.norm applied.
+  if (num_layers_needed == c.num_layers) {
+    KLEIN_RETURN_IF_ERROR(b.vector_f32("model.norm.weight", H, &m.final_norm_f32_));
+  }
   // Never read: the layers past the deepest tap, the final norm and the LM head (klein uses
   // hidden states, not logits). Checkpoints may or may not carry them.
-  for (int64_t i = num_layers_needed; i < c.num_layers; ++i)
+  for (int64_t i = num_layers_needed; i < std::min(c.num_layers, file_layers); ++i)
     b.ignore_prefix("model.layers." + std::to_string(i) + ".");
-  b.ignore_prefix("model.norm.weight");
+  if (m.final_norm_f32_.empty()) b.ignore_prefix("model.norm.weight");
   b.ignore_prefix("lm_head.weight");
   KLEIN_RETURN_IF_ERROR(b.finish(config_where + " (num_hidden_layers " + std::to_string(c.num_layers) +
                                  ", attention_bias " + (c.attention_bias ? "true" : "false") + ")"));

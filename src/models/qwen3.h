@@ -76,6 +76,8 @@ class Qwen3Encoder {
   std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive
   Weight embed_;
   std::vector<Layer> layers_;
+  // model.norm as float32, loaded only when the last layer is tapped (see load()).
+  std::vector<float> final_norm_f32_;
 };
 
 }  // namespace klein

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/bind.h"
 #include "models/qwen3.h"
 
 namespace klein {
@@ -130,11 +131,28 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
   for (int i = 0; i < max_tap; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("text encoding"));
     KLEIN_RETURN_IF_ERROR(layer(i, x, b, amask, ctx));
+    if (i + 1 == c.num_layers && !final_norm_f32_.empty()) {
+      // hidden_states[num_layers] is the final-normed state in transformers.
+      KLEIN_ASSIGN_OR_RETURN(Tensor nw, be.upload(final_norm_f32_.data(), {H}, "the final norm weight"));
+      KLEIN_RETURN_IF_ERROR(be.rms_norm(x, x, nw, static_cast<float>(c.rms_norm_eps)));
+    }
     KLEIN_RETURN_IF_ERROR(store_tap(i + 1));
     ctx.report("encode", i + 1, max_tap);
   }
   KLEIN_ASSIGN_OR_RETURN(bool finite, be.all_finite(out));
-  if (!finite) return internal_error("text encoder produced non-finite hidden states (corrupt weights?)");
+  if (!finite) {
+    // Only the tensors encode() read: not the layers past the deepest tap nor lm_head.
+    const int n = loaded_layers();
+    return non_finite_weight_status(*source_, "text encoder", [&](const std::string& name) {
+      if (name == "model.embed_tokens.weight") return true;
+      if (name == "model.norm.weight") return !final_norm_f32_.empty();
+      if (!name.starts_with("model.layers.")) return false;
+      const size_t dot = name.find('.', 13);
+      const std::string idx = name.substr(13, dot == std::string::npos ? std::string::npos : dot - 13);
+      return !idx.empty() && idx.size() < 9 && idx.find_first_not_of("0123456789") == std::string::npos &&
+             std::stoi(idx) < n;
+    });
+  }
   return out;
 }
 

@@ -67,7 +67,7 @@ Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& c
   KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx, tiling));
   ctx.dump("image", image);
   if (!all_finite(image.data(), image.numel()))
-    return internal_error("the VAE produced a non-finite image (NaN/Inf); no image written");
+    return vae.non_finite_status();  // names the non-finite weight (a data error) if there is one
   return image;
 }
 

@@ -10,7 +10,7 @@ Result<PromptEncoding> encode_prompt(const Tokenizer& tok, const Qwen3Encoder& e
   ctx.report("tokenize", 1, 1);
   ctx.report("encode", 0, kKleinTextLayersNeeded);
   KLEIN_ASSIGN_OR_RETURN(Tensor emb, enc.encode(padded.ids, padded.mask, kKleinTextTaps, ctx));
-  emb.reshape({1, emb.dim(0), emb.dim(1)});
+  KLEIN_RETURN_IF_ERROR(emb.reshape({1, emb.dim(0), emb.dim(1)}));
   ctx.dump("prompt_embeds", emb);
   PromptEncoding r;
   r.embeds = std::move(emb);

@@ -21,12 +21,11 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, out, preview, noise, noise_dtype = "f32", dump, dump_filter, memory = "low", isa,
-                precision = "fp32";
+    std::string model, prompt, prompt_file, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
+        memory = "low", isa, precision = "fp32", seed = "0";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
-    uint64_t seed = 0;
-    bool quiet = false;
+    bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
   Command c;
@@ -34,14 +33,18 @@ Command make_generate_command() {
     auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
     s->add_option("--model,-m", o->model,
                   "Model folder (diffusers layout). Default: the tiny random-weight test model in tests/data/tiny");
-    s->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+    auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
+    s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
+        ->excludes(prompt);
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
     s->add_option("--width,-W", o->width, "Image width in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
     s->add_option("--height,-H", o->height, "Image height in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
     s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models)")->check(CLI::Range(1, 1000));
-    auto* seed = s->add_option("--seed,-s", o->seed, "Seed of torch.Generator('cpu') for the initial noise (default 0)");
+    // A string: the CLI checks the range itself (parse_seed), CLI11 would wrap "-1".
+    auto* seed = s->add_option("--seed,-s", o->seed,
+                               "Seed of torch.Generator('cpu') for the initial noise, 0..2^64-1 (default 0)");
     s->add_option("--noise", o->noise, "Initial noise (1,128,H/16,W/16) from a .npy instead of --seed")->excludes(seed);
     s->add_option("--noise-dtype", o->noise_dtype,
                   "Draw the seeded noise as a float32 (f32, default) or bfloat16 (bf16) diffusers pipeline does")
@@ -65,24 +68,30 @@ Command make_generate_command() {
                   "kernels (bf16 dot products, int8 W8A8 for Q8_ROW weights)")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
+    prompt->each([o](const std::string&) { o->prompt_given = true; });
     return s;
   };
   c.run = [o]() -> int {
     const fs::path out(o->out);
     std::string ext = out.extension().string();
     for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (ext != ".png") return fail(invalid_argument(o->out + ": output must be a .png file"));
-    std::error_code ec;
-    if (!out.parent_path().empty() && !fs::is_directory(out.parent_path(), ec))
-      return fail(not_found(o->out + ": output folder " + out.parent_path().string() + " does not exist"));
+    if (ext != ".png") return fail(invalid_argument("-o " + o->out + ": output must be a .png file"));
+    std::vector<std::pair<std::string, std::string>> inputs = {{"--noise", o->noise}, {"--prompt-file", o->prompt_file}};
+    for (const auto& r : o->refs) inputs.emplace_back("--ref", r);
+    if (Status st = check_output_path("-o", o->out, inputs); !st.ok()) return fail(st);
+    uint64_t seed = 0;
+    if (Status st = parse_seed(o->seed, &seed); !st.ok()) return fail(st);
+    std::string prompt;
+    if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
 
     if (!o->preview.empty()) {
       const fs::path pv(o->preview);
       std::string pext = pv.extension().string();
       for (auto& ch : pext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      if (pext != ".png") return fail(invalid_argument(o->preview + ": --preview must be a .png file"));
-      if (!pv.parent_path().empty() && !fs::is_directory(pv.parent_path(), ec))
-        return fail(not_found(o->preview + ": preview folder " + pv.parent_path().string() + " does not exist"));
+      if (pext != ".png") return fail(invalid_argument("--preview " + o->preview + ": must be a .png file"));
+      auto others = inputs;
+      others.emplace_back("-o", o->out);
+      if (Status st = check_output_path("--preview", o->preview, others); !st.ok()) return fail(st);
     }
 
     const std::string model_dir = o->model.empty() ? default_model() : o->model;
@@ -96,11 +105,11 @@ Command make_generate_command() {
     lo.vae_tile = o->vae_tile;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     GenerateRequest g;
-    g.prompt = o->prompt;
+    g.prompt = prompt;
     g.width = o->width;
     g.height = o->height;
     g.steps = o->steps;
-    g.seed = o->seed;
+    g.seed = seed;
     g.noise_npy = o->noise;
     g.bf16_noise = o->noise_dtype == "bf16";
     g.reference_images = o->refs;

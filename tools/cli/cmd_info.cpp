@@ -74,7 +74,12 @@ Command make_info_command() {
         line += (line.empty() ? "" : "  ") + item;
       }
       if (!line.empty()) std::printf("  %s\n", line.c_str());
-      if (!ci.error.empty()) std::printf("  %s\n", ci.error.c_str());
+      if (!ci.error.empty()) {
+        std::printf("  %s\n", ci.error.c_str());
+        // The report goes on with the other components; the error also goes to stderr, where a
+        // script looks for why the exit code is 1.
+        std::fprintf(stderr, "klein: %s: %s\n", ci.name.c_str(), ci.error.c_str());
+      }
       if (!ci.has_weights) continue;
       std::printf("  weights    %zu file(s), %zu tensors, %s parameters, %s\n", ci.files, ci.tensors,
                   human_count(ci.parameters).c_str(), human_bytes(static_cast<double>(ci.bytes)).c_str());

@@ -43,16 +43,19 @@ Command make_tokenize_command() {
 
 Command make_encode_command() {
   struct Opts {
-    std::string model, prompt, out, dump, dump_filter;
+    std::string model, prompt, prompt_file, out, dump, dump_filter;
     int threads = 0, max_length = 512;
-    bool quiet = false;
+    bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("encode", "Encode a prompt to prompt_embeds [1, 512, 3*hidden] (.npy, float32)");
     s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)")->required();
-    s->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+    auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
+    prompt->each([o](const std::string&) { o->prompt_given = true; });
+    s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
+        ->excludes(prompt);
     s->add_option("-o,--output", o->out, "Output .npy path")->required();
     s->add_option("--max-length", o->max_length, "Sequence length (klein: 512)")->check(CLI::Range(1, 1 << 16));
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
@@ -62,6 +65,9 @@ Command make_encode_command() {
     return s;
   };
   c.run = [o]() -> int {
+    if (Status st = check_output_path("-o", o->out, {{"--prompt-file", o->prompt_file}}); !st.ok()) return fail(st);
+    std::string prompt;
+    if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
     LoadOptions lo;
     lo.threads = o->threads;
     auto model = Model::open(o->model, lo);
@@ -72,7 +78,7 @@ Command make_encode_command() {
     EncodeOptions eo;
     eo.max_length = o->max_length;
     eo.dump = {o->dump, o->dump_filter};
-    auto enc = (*model)->encode_prompt(o->prompt, eo, cb);
+    auto enc = (*model)->encode_prompt(prompt, eo, cb);
     progress.finish();
     if (!enc.ok()) return fail(enc.status());
     Status s = write_npy_f32(o->out, enc->shape, enc->data);

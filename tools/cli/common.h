@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "klein/status.h"
@@ -14,6 +15,18 @@ int fail(const Status& s);
 
 // Writes a float32 C-order .npy (through a temporary file + rename, so never a partial file).
 Status write_npy_f32(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
+// --seed: decimal digits only, 0..2^64-1 (else an error naming --seed).
+Status parse_seed(const std::string& text, uint64_t* seed);
+// --prompt-file: UTF-8 text from FILE ("-": stdin), one trailing newline dropped.
+Status read_prompt_file(const std::string& path, std::string* prompt);
+// The prompt from exactly one of --prompt / --prompt-file.
+Status resolve_prompt(const std::string& prompt, bool prompt_given, const std::string& prompt_file,
+                      std::string* out);
+// An output path (for `option`, e.g. "-o") that is not one of the (option, path) inputs, not a
+// folder, and whose folder exists.
+Status check_output_path(const std::string& option, const std::string& out,
+                         const std::vector<std::pair<std::string, std::string>>& inputs);
+
 // "[1, 512, 7680]"
 std::string shape_text(const std::vector<int64_t>& shape);
 

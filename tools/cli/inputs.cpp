@@ -1,0 +1,106 @@
+// Option values the CLI checks itself: seeds, prompt files, output paths that would overwrite an
+// input. Each error names the option.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include "common.h"
+
+namespace fs = std::filesystem;
+
+namespace klein::cli {
+
+Status parse_seed(const std::string& text, uint64_t* seed) {
+  // CLI11 would read "-1" as 2^64-1 and saturate 2^64: only plain decimal digits in range pass.
+  const Status bad = invalid_argument("--seed " + text + ": expected an integer from 0 to 18446744073709551615");
+  if (text.empty() || text.size() > 20) return bad;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return bad;
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return bad;
+    v = v * 10 + d;
+  }
+  *seed = v;
+  return Status::Ok();
+}
+
+namespace {
+// The byte offset of the first invalid UTF-8 sequence, or npos.
+size_t invalid_utf8_at(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = p[i];
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return i;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+}  // namespace
+
+Status read_prompt_file(const std::string& path, std::string* prompt) {
+  constexpr size_t kMax = size_t{16} << 20;  // far above any prompt the 512-token encoder reads
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) return invalid_argument("--prompt-file " + path + ": is a folder");
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return not_found("--prompt-file " + path + ": cannot open");
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  const std::string what = "--prompt-file " + (path == "-" ? std::string("- (stdin)") : path);
+  if (text.size() > kMax) return invalid_argument(what + ": larger than 16 MiB");
+  if (const size_t at = invalid_utf8_at(text); at != std::string::npos)
+    return invalid_argument(what + ": not UTF-8 text (invalid byte at offset " + std::to_string(at) + ")");
+  // One trailing newline is the file's, not the prompt's (editors add it).
+  if (text.ends_with("\r\n")) text.resize(text.size() - 2);
+  else if (text.ends_with("\n")) text.pop_back();
+  *prompt = std::move(text);
+  return Status::Ok();
+}
+
+Status resolve_prompt(const std::string& prompt, bool prompt_given, const std::string& prompt_file,
+                      std::string* out) {
+  if (prompt_given && !prompt_file.empty())
+    return invalid_argument("--prompt and --prompt-file: give one of them, not both");
+  if (!prompt_file.empty()) return read_prompt_file(prompt_file, out);
+  if (!prompt_given) return invalid_argument("--prompt: required (or --prompt-file FILE, '-' for stdin)");
+  *out = prompt;
+  return Status::Ok();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  return fs::weakly_canonical(fs::absolute(a), ec) == fs::weakly_canonical(fs::absolute(b), ec);
+}
+
+Status check_output_path(const std::string& option, const std::string& out,
+                         const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [opt, in] : inputs)
+    if (!in.empty() && same_file(out, in))
+      return invalid_argument(option + " " + out + ": is the " + opt + " input " + in + "; refusing to overwrite an input");
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) return invalid_argument(option + " " + out + ": is a folder");
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    return not_found(option + " " + out + ": output folder " + parent.string() + " does not exist");
+  return Status::Ok();
+}
+
+}  // namespace klein::cli
