@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string kPrompts[] = {
       "", "hello world", "A cat holding a sign that says hello world",
       "<|im_start|>user\n<|im_end|><|endoftext|>", "e\xcc\x81 \xef\xac\x81 \xe6\x97\xa5\xe6\x9c\xac  \t\n 123",
-      std::string("bad \xff\xc0\x80 utf8\0nul", 18)};
+      std::string("bad \xff\xc0\x80 utf8\0nul", sizeof "bad \xff\xc0\x80 utf8\0nul" - 1)};
   for (const auto& p : kPrompts) {
     auto ids = tok->encode(p);
     (void)tok->decode(ids);

@@ -47,7 +47,7 @@ for h in "${harnesses[@]}"; do
     -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$crashes/" >"$log" 2>&1 || rc=$?
   stats=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -n 1 || true)
-  execs=$(grep -E '^stat::number_of_executed_units:' "$log" | awk '{print $2}' || true)
+  execs=$(grep -E '^stat::number_of_executed_units:' "$log" | tail -n 1 | awk '{print $2}' || true)
   [ -n "$execs" ] || execs=$(sed -nE 's/^#([0-9]+).*/\1/p' <<<"$stats")
   cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$stats")
   ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$stats")
