@@ -12,7 +12,7 @@ namespace {
 // Known (issue 12): read_npy runs std::stoll on each shape entry (throws past 19 digits) and
 // allocates numel * itemsize before checking the file has that many bytes (bad_alloc, or a
 // signed overflow in shape_numel). Inputs whose numbers could do either are skipped.
-// (No saved input: the skip came with the harness; see fuzz/README.md.)
+// Saved: fuzz/crashes/npy/huge_shape_alloc.npy.
 bool hits_known_header_bugs(const uint8_t* data, size_t size) {
   const std::string_view s(reinterpret_cast<const char*>(data), size);
   double product = 1;
@@ -22,7 +22,8 @@ bool hits_known_header_bugs(const uint8_t* data, size_t size) {
     double v = 0;
     while (j < s.size() && s[j] >= '0' && s[j] <= '9') v = v * 10 + (s[j++] - '0');
     if (j - i > 18) return true;
-    product *= v;  // every number, not only the shape's: cheap and errs on the safe side
+    // Every non-zero number, not only the shape's: cheap, and errs on the side of skipping.
+    if (v > 0) product *= v;
     i = j;
   }
   return product * 8 > static_cast<double>(size) + 64;
