@@ -2,7 +2,10 @@
 # Installs the build dependencies from Debian/Ubuntu packages (idempotent).
 set -euo pipefail
 pkgs=(g++ cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev
-      libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev)
+      libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev
+      # scripts/fuzz.sh: clang and its libFuzzer + sanitizer runtimes (both metapackages follow
+      # the distribution's default LLVM, so their versions match)
+      clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
