@@ -45,16 +45,6 @@ class Scratch {
   std::filesystem::path dir_;
 };
 
-// Known open bugs (issue 12, being fixed elsewhere) that a harness steps around, so that a run
-// goes on looking for new bugs instead of stopping at the first input that hits a known one
-// (and CI stays meaningful meanwhile). Each skip names its bug and the saved input under
-// fuzz/crashes/. KLEIN_FUZZ_KNOWN=1 in the environment turns the skips off: with a fix in,
-// the saved inputs must then pass, and the skip goes.
-inline bool skip_known() {
-  static const bool skip = std::getenv("KLEIN_FUZZ_KNOWN") == nullptr;
-  return skip;
-}
-
 // Folds bytes into a value the optimiser cannot drop, so reads of returned buffers really
 // happen (and ASan sees them).
 inline void consume(const void* p, size_t n) {

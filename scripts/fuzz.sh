@@ -40,6 +40,14 @@ for h in "${harnesses[@]}"; do
   mkdir -p "$work" "$crashes"
   echo "== fuzz_$h for ${seconds}s (log: $log)"
   rc=0
+  # Every input that ever crashed this harness first (each fixed bug stays fixed).
+  mapfile -t saved < <(find "$crashes" -type f | sort)
+  if [ ${#saved[@]} -gt 0 ] && ! "build-fuzz/fuzz/fuzz_$h" -rss_limit_mb=2048 -malloc_limit_mb=2048 \
+        "${saved[@]}" >"$log.replay" 2>&1; then
+    echo "fuzz.sh: fuzz_$h: a saved input in $crashes crashes again (log: $log.replay)" >&2
+    failed+=("$h")
+    continue
+  fi
   # New units go to the first corpus folder only, so the committed seeds stay as they are.
   # -timeout: one input running 30 s is a hang; -rss_limit_mb/-malloc_limit_mb: a parser that
   # believes a header and allocates gigabytes is a finding, not a reason to swap.

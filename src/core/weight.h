@@ -42,7 +42,14 @@ struct Weight {
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return shape_numel(shape); }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
-  int64_t cols() const { return shape.size() < 2 ? (shape.empty() ? 0 : 1) : numel() / shape[0]; }
+  // The product of the trailing dimensions (1 for a vector): computed, not numel() / rows(), which
+  // divides by zero for a valid tensor with no rows ([0, 4]).
+  int64_t cols() const {
+    if (shape.empty()) return 0;
+    int64_t c = 1;
+    for (size_t i = 1; i < shape.size(); ++i) c *= shape[i];
+    return c;
+  }
   const FormatTraits& format() const { return format_traits(dtype); }
   int64_t row_bytes() const { return format_row_bytes(dtype, cols()); }
   // Scale / offset entries per row (block formats).

@@ -26,7 +26,13 @@ Result<ModelFolder> ModelFolder::open(const fs::path& root) {
       if (it->size() == 2 && (*it)[0].is_null()) continue;  // component set to None
       return format_error(index.string() + ": entry \"" + it.key() + "\" must be [library, class]");
     }
-    ComponentInfo c{(*it)[0].get<std::string>(), (*it)[1].get<std::string>(), root / it.key()};
+    // A component is a subfolder of the model: its name is used as a path, so it must be one
+    // plain path component (no "..", no separators) — a model_index.json cannot point outside.
+    const std::string& key = it.key();
+    if (key.empty() || key == "." || key == ".." || key.find_first_of("/\\") != std::string::npos ||
+        key.find('\0') != std::string::npos)
+      return format_error(index.string() + ": component name \"" + key + "\" is not a plain folder name");
+    ComponentInfo c{(*it)[0].get<std::string>(), (*it)[1].get<std::string>(), root / key};
     m.components_[it.key()] = std::move(c);
   }
   return m;
