@@ -174,6 +174,11 @@ std::string JobQueue::model_name() const {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+JobQueue::Counts JobQueue::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
 int JobQueue::retry_after_s() const {
   std::lock_guard<std::mutex> lock(mu_);
   const double s = avg_job_s_ * (static_cast<double>(waiting_.size()) + 1.0);
@@ -229,6 +234,10 @@ void JobQueue::cancel(const std::shared_ptr<Job>& job) {
       }
   }
   if (was_waiting) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++counts_.cancelled;
+    }
     const ApiError e{499, "the job was cancelled before it started", "cancelled", "", "cancelled"};
     job->finish(JobState::kCancelled, &e);
   }
@@ -251,6 +260,8 @@ void JobQueue::run() {
     std::lock_guard<std::mutex> lock(mu_);
     avg_job_s_ = 0.7 * avg_job_s_ + 0.3 * s;
     running_.reset();
+    const JobState end = job->state();
+    ++(end == JobState::kSucceeded ? counts_.succeeded : end == JobState::kCancelled ? counts_.cancelled : counts_.failed);
   }
 }
 

@@ -91,6 +91,10 @@ class JobQueue {
   int waiting() const;
   int max_queue() const { return opt_.max_queue; }
   std::string model_name() const;
+  struct Counts {
+    uint64_t succeeded = 0, failed = 0, cancelled = 0;
+  };
+  Counts counts() const;
   // Seconds a new job would wait, roughly (for Retry-After).
   int retry_after_s() const;
 
@@ -116,6 +120,7 @@ class JobQueue {
   Health health_ = Health::kLoading;
   bool stop_ = false;
   double avg_job_s_ = 1.0;
+  Counts counts_;
   uint64_t next_id_ = 1;
 };
 

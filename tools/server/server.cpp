@@ -122,8 +122,10 @@ class Service {
                     : h == JobQueue::Health::kReady ? "ready"
                                                     : "failed";
     res.status = h == JobQueue::Health::kLoading || h == JobQueue::Health::kFailed ? 503 : 200;
+    const auto n = queue_.counts();
     res.set_content(json{{"status", s}, {"model", queue_.model_name()}, {"queued", queue_.waiting()},
-                         {"max_queue", queue_.max_queue()}, {"version", version()}}.dump(),
+                         {"max_queue", queue_.max_queue()}, {"version", version()},
+                         {"jobs", {{"succeeded", n.succeeded}, {"failed", n.failed}, {"cancelled", n.cancelled}}}}.dump(),
                     "application/json");
   }
 
