@@ -2,7 +2,9 @@
 # Installs the build dependencies from Debian/Ubuntu packages (idempotent).
 set -euo pipefail
 pkgs=(g++ cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev
-      libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev)
+      libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev
+      libcpp-httplib-dev                            # klein serve
+      python3 python3-venv chromium chromium-driver) # the server tests (openai, selenium: pip, in a venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -208,6 +209,9 @@ int serve(const ServerOptions& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // glibc gives each thread that allocates its own arena: with dozens of connection threads the
+  // heap would grow with the number of clients rather than with the jobs. Two arenas suffice.
+  mallopt(M_ARENA_MAX, 2);
 
   httplib::Server svr;
   const size_t pool = static_cast<size_t>(o.threads_http);
