@@ -21,6 +21,7 @@ class Load(unittest.TestCase):
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
             client.images.generate(prompt="warm-up", size="32x32", extra_body={"seed": 0, "steps": 2})
             rss_first = srv.rss_kib()
+            client.close()
 
             results, errors = [], []
             lock = threading.Lock()
@@ -48,6 +49,7 @@ class Load(unittest.TestCase):
                     except Exception as e:  # noqa: BLE001 - every other outcome is a failure
                         with lock:
                             errors.append(f"{prompt}: {type(e).__name__}: {e}")
+                cl.close()
 
             t0 = time.time()
             watcher = threading.Thread(target=watch_queue)

@@ -19,6 +19,7 @@ class OpenAIClient(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.client.close()
         cls.srv.close()
 
     def test_generate(self):
@@ -74,6 +75,7 @@ class OpenAIClient(unittest.TestCase):
         bad = openai.OpenAI(base_url=self.srv.url + "/v1", api_key="nope", max_retries=0)
         with self.assertRaises(openai.AuthenticationError):
             bad.images.generate(prompt="x", size="32x32")
+        bad.close()
         self.assertEqual(self.srv.request("GET", "/health")[0], 200, "/health needs no key")
 
     def test_models(self):

@@ -218,6 +218,8 @@ int serve(const ServerOptions& o) {
   svr.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
+  // An idle keep-alive connection holds a thread, and shutdown waits for it: keep that short.
+  svr.set_keep_alive_timeout(2);
   Service service(o);
   service.routes(svr);
   int port = o.port;
