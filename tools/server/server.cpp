@@ -234,14 +234,19 @@ int serve(const ServerOptions& o) {
     return 1;
   }
   std::atomic<int> exit_code{0};
-  std::thread([&svr, sigs] {
+  std::atomic<bool> finished{false};
+  std::thread on_signal([&svr, &finished, sigs] {
     int sig = 0;
     sigwait(&sigs, &sig);
+    if (finished) return;  // woken by serve() itself on the way out
+    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     svr.stop();
-  }).detach();
+  });
   service.queue().start([&](const Status& s) {
     std::fprintf(stderr, "klein: serve: %s\n", s.to_string().c_str());
     exit_code = 1;
+    // stop() does nothing before listen has started: wait for it (a model can fail at once).
+    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     svr.stop();
   });
   const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
@@ -249,6 +254,9 @@ int serve(const ServerOptions& o) {
                o.queue.model_dir.c_str(), loopback ? "" : " — reachable from other machines");
   std::fflush(stderr);
   svr.listen_after_bind();
+  finished = true;
+  pthread_kill(on_signal.native_handle(), SIGTERM);  // blocked everywhere: only sigwait takes it
+  on_signal.join();
   return exit_code;
 }
 
