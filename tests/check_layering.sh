@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The layering of src/ (docs/architecture.md), checked on every #include "...":
-#   core ← io ← kernels ← backend ← models ← pipeline ← api ← tools/cli
+#   core ← io ← kernels ← backend ← models ← pipeline ← api ← tools/cli, tools/server
 # Each folder may include itself, the folders below it and the public headers (klein/); the CLI
-# only the public headers. Prints every violation; exits non-zero if there is one.
+# and the server only the public headers. Prints every violation; exits non-zero if there is one.
 set -u
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
 declare -A allowed=(
@@ -29,6 +29,6 @@ done
 while IFS= read -r line; do
   inc=$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"${line#*:}")
   case "$inc" in klein/*|*.h) [[ "$inc" == */* && "$inc" != klein/* ]] && { f=${line%%:*}; echo "layering: ${f#$root/} includes \"$inc\" (the CLI uses the public API only)"; bad=1; } ;; esac
-done < <(grep -rHn '#include "' "$root/tools/cli")
+done < <(grep -rHn '#include "' "$root/tools/cli" "$root/tools/server")
 [ $bad = 0 ] && echo "layering: ok"
 exit $bad

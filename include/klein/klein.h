@@ -118,6 +118,14 @@ struct DenoiseParams {
   DumpOptions dump;
 };
 
+// An encoded image file held in memory (PNG/JPEG/WebP bytes, detected from the content): decoded
+// exactly as the same file on disk would be. `name` stands for it in errors and metadata (its last
+// path component only); no file is opened.
+struct ReferenceImage {
+  std::string name;
+  std::vector<uint8_t> data;
+};
+
 struct GenerateRequest {
   std::string prompt;
   int width = 0, height = 0, steps = 0;  // as DenoiseParams
@@ -126,6 +134,7 @@ struct GenerateRequest {
   bool bf16_noise = false;
   std::vector<std::string> reference_images;  // editing: 1..N image files (PNG/JPEG/WebP)
   DumpOptions dump;
+  std::vector<ReferenceImage> reference_data;  // editing from memory: after reference_images, in order
 };
 
 struct GenerateResult {
@@ -242,6 +251,17 @@ KLEIN_API Result<GenerateResult> generate(const GenerateOptions& options);
 // of a value that are not valid UTF-8 are written as U+FFFD).
 KLEIN_API Status save_png(const std::string& path, const Image& image,
                           const std::vector<std::pair<std::string, std::string>>& metadata = {});
+enum class ImageFileFormat { kPng, kJpeg, kWebp };
+
+// `image` encoded in memory. PNG carries `metadata` as iTXt chunks exactly as save_png writes
+// them; JPEG and WebP carry none. quality 1..100 for JPEG and (lossy) WebP; PNG ignores it.
+KLEIN_API Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFileFormat format,
+                                                    const std::vector<std::pair<std::string, std::string>>& metadata = {},
+                                                    int quality = 90);
+// PNG/JPEG/WebP bytes (detected from the content) decoded to RGB as a reference file would be
+// (EXIF orientation applied, at most 2^26 pixels); `name` names the data in errors.
+KLEIN_API Result<Image> decode_image(const std::vector<uint8_t>& data, const std::string& name = "image");
+
 // Writes a float32 C-order .npy atomically, as save_png does. data.size() must match shape.
 KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
 

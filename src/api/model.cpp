@@ -6,9 +6,11 @@
 
 #include "api/guard.h"
 #include "api/model_impl.h"
+#include "io/image_reader.h"
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "pipeline/denoise.h"
+#include "pipeline/image_preprocess.h"
 #include "pipeline/noise.h"
 
 namespace fs = std::filesystem;
@@ -344,6 +346,12 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     KLEIN_RETURN_IF_ERROR(m.require_full_model("generate"));
     // Reference images are read and preprocessed before any model work: a bad file fails fast.
     KLEIN_ASSIGN_OR_RETURN(auto prepared, prepare_references(req.reference_images));
+    for (const ReferenceImage& ref : req.reference_data) {
+      const std::string name = ref.name.empty() ? std::string("reference image") : ref.name;
+      KLEIN_ASSIGN_OR_RETURN(auto img, decode_image(ref.data.data(), ref.data.size(), name));
+      KLEIN_ASSIGN_OR_RETURN(Tensor t, preprocess_reference(img, name));
+      prepared.push_back({name, std::move(t)});
+    }
     std::pair<int, int> first;
     if (!prepared.empty())
       first = {static_cast<int>(prepared[0].pixels.dim(3)), static_cast<int>(prepared[0].pixels.dim(2))};
@@ -392,6 +400,9 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
                   {"software", std::string("klein.cpp ") + version()}};
     for (size_t i = 0; i < req.reference_images.size(); ++i)
       r.metadata.emplace_back("reference" + std::to_string(i + 1), last_path_component(req.reference_images[i]));
+    for (size_t i = 0; i < req.reference_data.size(); ++i)
+      r.metadata.emplace_back("reference" + std::to_string(req.reference_images.size() + i + 1),
+                              last_path_component(req.reference_data[i].name));
     return r;
   });
 }

@@ -55,8 +55,14 @@ std::string repair_utf8(const std::string& in) {
 
 namespace {
 
-// Encodes into an open FILE*; false on any libpng error (message in err).
-bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
+void append_bytes(png_structp png, png_bytep data, png_size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + n);
+}
+void flush_nothing(png_structp) {}
+
+// Encodes into an open FILE*, or into `mem` when f is null; false on any libpng error (message in err).
+bool encode(std::FILE* f, std::vector<uint8_t>* mem, int width, int height, const uint8_t* rgb,
             const std::vector<std::pair<std::string, std::string>>& text, PngErr* err) {
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
   if (!png) return false;
@@ -74,7 +80,8 @@ bool encode(std::FILE* f, int width, int height, const uint8_t* rgb,
     png_destroy_write_struct(&png, &info);
     return false;
   }
-  png_init_io(png, f);
+  if (f) png_init_io(png, f);
+  else png_set_write_fn(png, mem, append_bytes, flush_nothing);
   png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 8,
                PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
@@ -102,9 +109,19 @@ Status write_png(const std::filesystem::path& path, int width, int height, const
                  const std::vector<std::pair<std::string, std::string>>& text) {
   if (width <= 0 || height <= 0) return invalid_argument(path.string() + ": empty image");
   PngErr err;
-  Status s = write_file_atomic(path, [&](std::FILE* f) { return encode(f, width, height, rgb, text, &err); });
+  Status s = write_file_atomic(path, [&](std::FILE* f) { return encode(f, nullptr, width, height, rgb, text, &err); });
   if (!s.ok() && !err.msg.empty()) return io_error(path.string() + ": PNG encoding failed (" + err.msg + ")");
   return s;
+}
+
+Result<std::vector<uint8_t>> encode_png(int width, int height, const uint8_t* rgb,
+                                        const std::vector<std::pair<std::string, std::string>>& text) {
+  if (width <= 0 || height <= 0) return invalid_argument("PNG encoding: empty image");
+  PngErr err;
+  std::vector<uint8_t> out;
+  if (!encode(nullptr, &out, width, height, rgb, text, &err))
+    return io_error("PNG encoding failed (" + (err.msg.empty() ? std::string("libpng") : err.msg) + ")");
+  return out;
 }
 
 }  // namespace klein

@@ -19,5 +19,8 @@ std::string repair_utf8(const std::string& in);
 
 Status write_png(const std::filesystem::path& path, int width, int height, const uint8_t* rgb,
                  const std::vector<std::pair<std::string, std::string>>& text = {});
+// The same PNG in memory.
+Result<std::vector<uint8_t>> encode_png(int width, int height, const uint8_t* rgb,
+                                        const std::vector<std::pair<std::string, std::string>>& text = {});
 
 }  // namespace klein

@@ -24,4 +24,5 @@ Command make_tokenize_command();
 Command make_encode_command();
 Command make_info_command();
 Command make_generate_command();
+Command make_serve_command();  // tools/server/cmd_serve.cpp
 }  // namespace klein::cli

@@ -1,0 +1,136 @@
+"""The official openai client against `klein serve` (tiny model): images.generate and images.edit
+unchanged (klein's seed/steps through extra_body), output formats, the job interface (SSE
+progress and previews, cancel) and the API key."""
+import base64
+import json
+import unittest
+import urllib.request
+
+import openai
+
+from serverlib import Server, png_size, png_text, tiny_png
+
+
+class OpenAIClient(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("--api-key", "test-key")
+        cls.client = openai.OpenAI(base_url=cls.srv.url + "/v1", api_key="test-key", max_retries=0, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.srv.close()
+
+    def test_generate(self):
+        r = self.client.images.generate(model="tiny", prompt="a red fox", size="64x48", n=2,
+                                        response_format="b64_json", extra_body={"seed": 11, "steps": 2})
+        self.assertEqual(len(r.data), 2)
+        for i, item in enumerate(r.data):
+            png = base64.b64decode(item.b64_json)
+            self.assertEqual(png_size(png), (64, 48))
+            meta = png_text(png)
+            # The same text chunks as `klein generate` writes.
+            self.assertEqual(meta["prompt"], "a red fox")
+            self.assertEqual(meta["seed"], str(11 + i))
+            self.assertEqual(meta["steps"], "2")
+            self.assertEqual(meta["size"], "64x48")
+            self.assertEqual(meta["model"], "tiny")
+            self.assertTrue(meta["software"].startswith("klein.cpp "))
+
+    def test_same_seed_same_image(self):
+        a = self.client.images.generate(prompt="x", size="32x32", extra_body={"seed": 5, "steps": 1})
+        b = self.client.images.generate(prompt="x", size="32x32", extra_body={"seed": 5, "steps": 1})
+        self.assertEqual(a.data[0].b64_json, b.data[0].b64_json)
+
+    def test_edit(self):
+        ref = tiny_png(80, 64)
+        r = self.client.images.edit(image=("photo.png", ref, "image/png"), prompt="make it night",
+                                    extra_body={"seed": 3, "steps": 2})
+        png = base64.b64decode(r.data[0].b64_json)
+        self.assertEqual(png_size(png), (80, 64), "an edit takes the reference's size by default")
+        meta = png_text(png)
+        self.assertEqual(meta["reference1"], "photo.png")
+        self.assertEqual(meta["prompt"], "make it night")
+
+    def test_edit_two_images(self):
+        r = self.client.images.edit(image=[("a.png", tiny_png(64, 64, 1), "image/png"),
+                                           ("b.png", tiny_png(64, 64, 2), "image/png")],
+                                    prompt="combine", size="48x48", extra_body={"seed": 1, "steps": 1})
+        meta = png_text(base64.b64decode(r.data[0].b64_json))
+        self.assertEqual((meta["reference1"], meta["reference2"]), ("a.png", "b.png"))
+
+    def test_output_formats(self):
+        for fmt, magic in (("jpeg", b"\xff\xd8\xff"), ("webp", b"RIFF")):
+            r = self.client.images.generate(prompt="x", size="32x32", extra_body={"steps": 1, "output_format": fmt})
+            self.assertTrue(base64.b64decode(r.data[0].b64_json).startswith(magic), fmt)
+
+    def test_url_is_a_400(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.images.generate(prompt="x", size="32x32", response_format="url")
+        self.assertEqual(e.exception.body["code"], "unsupported_value")
+        self.assertEqual(e.exception.body["param"], "response_format")
+
+    def test_wrong_key_is_401(self):
+        bad = openai.OpenAI(base_url=self.srv.url + "/v1", api_key="nope", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError):
+            bad.images.generate(prompt="x", size="32x32")
+        bad.close()
+        self.assertEqual(self.srv.request("GET", "/health")[0], 200, "/health needs no key")
+
+    def test_models(self):
+        ids = [m.id for m in self.client.models.list()]
+        self.assertEqual(ids, ["tiny"])
+
+    def _events(self, job_id):
+        req = urllib.request.Request(f"{self.srv.url}/v1/jobs/{job_id}/events",
+                                     headers={"Authorization": "Bearer test-key"})
+        events = []
+        with urllib.request.urlopen(req, timeout=60) as r:
+            self.assertEqual(r.headers["Content-Type"], "text/event-stream")
+            name = None
+            for raw in r:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    events.append((name, json.loads(line[6:])))
+                    if name in ("done", "error", "cancelled"):
+                        break
+        return events
+
+    def test_job_events(self):
+        auth = {"Authorization": "Bearer test-key"}
+        st, body, _ = self.srv.request("POST", "/v1/jobs", {"prompt": "sse", "size": "32x32", "steps": 3, "seed": 9},
+                                       headers=auth)
+        self.assertEqual(st, 202, body)
+        events = self._events(body["id"])
+        names = [e[0] for e in events]
+        self.assertEqual(names[-1], "done")
+        steps = [d["done"] for n, d in events if n == "progress" and d["phase"] == "denoise"]
+        self.assertEqual(steps[-1], 3)
+        done = events[-1][1]
+        self.assertEqual(png_text(base64.b64decode(done["data"][0]["b64_json"]))["seed"], "9")
+        st, status, _ = self.srv.request("GET", "/v1/jobs/" + body["id"], headers=auth)
+        self.assertEqual((st, status["status"]), (200, "succeeded"))
+
+    def test_job_previews_and_cancel(self):
+        auth = {"Authorization": "Bearer test-key"}
+        st, body, _ = self.srv.request("POST", "/v1/jobs", {"prompt": "long", "size": "512x512", "steps": 100},
+                                       headers=auth)
+        self.assertEqual(st, 202)
+        req = urllib.request.Request(f"{self.srv.url}/v1/jobs/{body['id']}/events", headers=auth)
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for raw in r:
+                line = raw.decode()
+                if line.startswith("data: ") and '"mime"' in line:
+                    preview = json.loads(line[6:])
+                    break
+        self.assertTrue(base64.b64decode(preview["b64_json"]).startswith(b"\xff\xd8\xff"), "previews are JPEG")
+        st, status, _ = self.srv.request("DELETE", "/v1/jobs/" + body["id"], headers=auth)
+        self.assertEqual((st, status["status"]), (200, "cancelled"))
+        self.assertEqual(self.srv.request("GET", "/v1/jobs/job_nope", headers=auth)[0], 404)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,69 @@
+// `klein serve`: registers the server as a subcommand of the `klein` tool.
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "commands.h"
+#include "klein/klein.h"
+#include "server.h"
+
+namespace klein::cli {
+
+Command make_serve_command() {
+  struct Opts {
+    std::string model, memory = "resident", isa, precision = "fp32";
+    int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0;
+    double max_memory_gib = 0;
+    server::ServerOptions s;
+  };
+  auto o = std::make_shared<Opts>();
+  Command c;
+  c.attach_fn = [o](CLI::App& app) {
+    auto* s = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI Images API, job events, a web page at /");
+    s->add_option("--model,-m", o->model, "Model folder (diffusers layout). Default: the tiny random-weight test model");
+    s->add_option("--host", o->s.host, "Address to listen on (default 127.0.0.1: this machine only)");
+    s->add_option("--port", o->s.port, "TCP port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
+    s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
+        ->check(CLI::Range(0, 100000));
+    s->add_option("--max-memory", o->max_memory_gib,
+                  "Memory budget in GiB (accepted for forward compatibility; not enforced yet)")
+        ->check(CLI::Range(0.0, 1e6));
+    s->add_option("--api-key", o->s.api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/ requests (default: KLEIN_API_KEY if set, else none)");
+    s->add_option("--max-body", o->max_body_mib, "Largest request body in MiB; larger ones get 413 (default 32)")
+        ->check(CLI::Range(1, 4096));
+    s->add_option("--max-size", o->s.limits.max_side, "Largest width or height a request may ask for (default 2048)")
+        ->check(CLI::Range(16, 16384));
+    s->add_option("--threads,-t", o->threads, "Worker threads of the engine (default: all cores)")->check(CLI::Range(0, 1024));
+    s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
+        ->check(CLI::IsMember({"low", "resident"}));
+    s->add_option("--isa", o->isa, "Highest instruction set for the kernels (default: the best)");
+    s->add_option("--precision", o->precision, "fp32 (default, exact) or fast")->check(CLI::IsMember({"fp32", "fast"}));
+    s->add_option("--vae-tile", o->vae_tile, "VAE tile size in pixels (default: automatic)")->check(CLI::Range(8, 8192));
+    // Tests hold the loading state open to check what requests get meanwhile.
+    s->add_option("--test-load-delay-ms", o->load_delay_ms)->group("")->check(CLI::Range(0, 600000));
+    return s;
+  };
+  c.run = [o]() -> int {
+    server::ServerOptions so = o->s;
+    so.queue.model_dir = o->model.empty() ? std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny" : o->model;
+    so.queue.load.threads = o->threads;
+    so.queue.load.memory = o->memory == "low" ? MemoryPolicy::kLow : MemoryPolicy::kResident;
+    so.queue.load.isa = o->isa;
+    so.queue.load.vae_tile = o->vae_tile;
+    so.queue.load.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
+    so.queue.test_load_delay_ms = o->load_delay_ms;
+    so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
+    if (so.api_key.empty())
+      if (const char* k = std::getenv("KLEIN_API_KEY")) so.api_key = k;
+    if (o->max_memory_gib > 0)
+      std::fprintf(stderr, "note: --max-memory %.1f GiB is accepted but not enforced yet\n", o->max_memory_gib);
+    if (o->model.empty())
+      std::fprintf(stderr, "note: no --model given; serving the tiny random-weight test model (%s): images are noise\n",
+                   so.queue.model_dir.c_str());
+    return server::serve(so);
+  };
+  return c;
+}
+
+}  // namespace klein::cli

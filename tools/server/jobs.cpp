@@ -1,0 +1,340 @@
+#include "jobs.h"
+
+#include <cmath>
+#include <malloc.h>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "base64.h"
+
+namespace klein::server {
+
+using nlohmann::json;
+
+namespace {
+// Prompts and upload names come from clients: invalid UTF-8 is replaced, never thrown about.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string random_hex(int bytes) {
+  static std::mutex mu;
+  static std::random_device rd;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string s;
+  static const char* kHex = "0123456789abcdef";
+  for (int i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xFF;
+    s += kHex[v >> 4];
+    s += kHex[v & 15];
+  }
+  return s;
+}
+}  // namespace
+
+const char* state_name(JobState s) {
+  switch (s) {
+    case JobState::kQueued: return "queued";
+    case JobState::kRunning: return "running";
+    case JobState::kSucceeded: return "succeeded";
+    case JobState::kFailed: return "failed";
+    case JobState::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+// ---- Job ----------------------------------------------------------------------------------------
+
+void Job::push_event(const std::string& event, const std::string& data) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back("event: " + event + "\ndata: " + data + "\n\n");
+  }
+  cv_.notify_all();
+}
+
+void Job::finish(JobState s, const ApiError* err) {
+  std::string ev;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = s;
+    if (err) error_ = *err;
+  }
+  if (s == JobState::kSucceeded) ev = "event: done\ndata: " + response_json() + "\n\n";
+  else ev = "event: " + std::string(s == JobState::kCancelled ? "cancelled" : "error") + "\ndata: " + error().json() + "\n\n";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(ev));
+  }
+  cv_.notify_all();
+}
+
+bool Job::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ != JobState::kQueued && state_ != JobState::kRunning;
+}
+
+JobState Job::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+ApiError Job::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+bool Job::wait_done(std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, wait, [&] { return state_ != JobState::kQueued && state_ != JobState::kRunning; });
+}
+
+std::string Job::next_events(Cursor* c, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return events_.size() > c->events || preview_seq_ > c->preview; });
+  std::string out;
+  for (; c->events < events_.size(); ++c->events) out += events_[c->events];
+  // Only the latest preview: a stream that joins late (or reads slowly) gets the newest picture,
+  // not every one. After the job ends it is stale.
+  if (preview_seq_ > c->preview) {
+    if (state_ == JobState::kQueued || state_ == JobState::kRunning) out += preview_event_;
+    c->preview = preview_seq_;
+  }
+  c->ended = state_ != JobState::kQueued && state_ != JobState::kRunning && c->events == events_.size();
+  return out;
+}
+
+std::string Job::response_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  json data = json::array();
+  for (const JobImage& im : images_)
+    data.push_back({{"b64_json", im.b64}, {"revised_prompt", spec.prompt}, {"seed", im.seed}});
+  return dump({{"created", created},
+               {"data", data},
+               {"output_format", spec.format_name},
+               {"size", std::to_string(width_) + "x" + std::to_string(height_)},
+               {"steps", steps_}});
+}
+
+std::string Job::status_json() const {
+  const JobState s = state();
+  json j = {{"id", id}, {"object", "image.job"}, {"status", state_name(s)}, {"created", created}};
+  if (s == JobState::kSucceeded) j["result"] = json::parse(response_json());
+  if (s == JobState::kFailed || s == JobState::kCancelled) j["error"] = json::parse(error().json())["error"];
+  return dump(j);
+}
+
+// ---- JobQueue -----------------------------------------------------------------------------------
+
+JobQueue::JobQueue(QueueOptions o) : opt_(std::move(o)) {}
+
+JobQueue::~JobQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (running_) running_->cancel_requested = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void JobQueue::start(std::function<void(const Status&)> on_load_error) {
+  worker_ = std::thread([this, on_load_error] {
+    if (opt_.test_load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.test_load_delay_ms));
+    auto m = Model::open(opt_.model_dir, opt_.load);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (m.ok()) {
+        model_ = std::move(m).value();
+        health_ = Health::kReady;
+      } else {
+        health_ = Health::kFailed;
+      }
+    }
+    if (!m.ok()) {
+      if (on_load_error) on_load_error(m.status());
+      return;
+    }
+    run();
+  });
+}
+
+JobQueue::Health JobQueue::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (health_ == Health::kReady && (running_ || !waiting_.empty())) return Health::kBusy;
+  return health_;
+}
+
+int JobQueue::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(waiting_.size());
+}
+
+std::string JobQueue::model_name() const {
+  std::string p = opt_.model_dir;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+JobQueue::Counts JobQueue::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+int JobQueue::retry_after_s() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double s = avg_job_s_ * (static_cast<double>(waiting_.size()) + 1.0);
+  return std::max(1, static_cast<int>(std::ceil(s)));
+}
+
+std::shared_ptr<Job> JobQueue::submit(JobSpec spec, bool keep, bool previews, ApiError* err) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (health_ == Health::kLoading || health_ == Health::kFailed) {
+    *err = {503, "the model is still loading; retry shortly", "server_error", "", "model_loading"};
+    return nullptr;
+  }
+  if (static_cast<int>(waiting_.size()) >= opt_.max_queue) {
+    *err = {429, "the queue is full (" + std::to_string(opt_.max_queue) + " waiting); retry later", "rate_limit_error", "",
+            "queue_full"};
+    return nullptr;
+  }
+  auto job = std::make_shared<Job>("job_" + random_hex(12), std::move(spec), previews);
+  job->push_event("queued", dump({{"id", job->id}, {"position", waiting_.size() + (running_ ? 1 : 0)}}));
+  waiting_.push_back(job);
+  if (keep) {
+    kept_[job->id] = job;
+    kept_order_.push_back(job->id);
+    // Forget the oldest finished jobs beyond keep_finished (a running or queued one stays).
+    while (static_cast<int>(kept_order_.size()) > opt_.keep_finished + opt_.max_queue + 1) {
+      auto it = kept_.find(kept_order_.front());
+      if (it != kept_.end() && !it->second->done()) break;
+      if (it != kept_.end()) kept_.erase(it);
+      kept_order_.pop_front();
+    }
+  }
+  lock.unlock();
+  cv_.notify_all();
+  return job;
+}
+
+std::shared_ptr<Job> JobQueue::find(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kept_.find(id);
+  return it == kept_.end() ? nullptr : it->second;
+}
+
+void JobQueue::cancel(const std::shared_ptr<Job>& job) {
+  job->cancel_requested = true;
+  bool was_waiting = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+      if (*it == job) {
+        waiting_.erase(it);
+        was_waiting = true;
+        break;
+      }
+  }
+  if (was_waiting) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++counts_.cancelled;
+    }
+    const ApiError e{499, "the job was cancelled before it started", "cancelled", "", "cancelled"};
+    job->finish(JobState::kCancelled, &e);
+  }
+}
+
+void JobQueue::run() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !waiting_.empty(); });
+      if (stop_) return;
+      job = waiting_.front();
+      waiting_.pop_front();
+      running_ = job;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    execute(*job);
+    // A job frees everything it allocated; give it back so the server's RSS is the model's plus
+    // a constant, not the high-water mark of the largest request so far.
+    malloc_trim(0);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    avg_job_s_ = 0.7 * avg_job_s_ + 0.3 * s;
+    running_.reset();
+    const JobState end = job->state();
+    ++(end == JobState::kSucceeded ? counts_.succeeded : end == JobState::kCancelled ? counts_.cancelled : counts_.failed);
+  }
+}
+
+void JobQueue::execute(Job& job) {
+  const JobSpec& spec = job.spec;
+  {
+    std::lock_guard<std::mutex> lock(job.mu_);
+    job.state_ = JobState::kRunning;
+  }
+  job.push_event("started", dump({{"id", job.id}, {"n", spec.n}}));
+  std::vector<JobImage> images;
+  for (int i = 0; i < spec.n; ++i) {
+    GenerateRequest req;
+    req.prompt = spec.prompt;
+    req.width = spec.width;
+    req.height = spec.height;
+    req.steps = spec.steps;
+    req.seed = spec.seed + static_cast<uint64_t>(i);  // wraps at 2^64, as any seed arithmetic would
+    req.reference_data = spec.references;
+    Callbacks cb;
+    std::string last_phase;
+    cb.progress = [&](const std::string& phase, int done, int total) {
+      // Phase changes, phase ends and every denoising step: not every layer of the text encoder.
+      if (phase != last_phase || done == total || phase == "denoise") {
+        last_phase = phase;
+        job.push_event("progress", dump({{"phase", phase}, {"done", done}, {"total", total}, {"image", i + 1},
+                                         {"n", spec.n}}));
+      }
+    };
+    cb.cancel = [&job] { return job.cancel_requested.load(); };
+    if (job.previews) {
+      cb.preview = [&, i](int step, int total, const Image& img) {
+        // JPEG: a preview is looked at once and replaced; it should be small and quick to make.
+        auto jpg = encode_image(img, ImageFileFormat::kJpeg, {}, 80);
+        if (!jpg.ok()) return;
+        const std::string ev = "event: preview\ndata: " +
+                               dump({{"step", step}, {"total", total}, {"image", i + 1}, {"n", spec.n},
+                                     {"mime", "image/jpeg"}, {"b64_json", base64_encode(*jpg)}}) + "\n\n";
+        {
+          std::lock_guard<std::mutex> lock(job.mu_);
+          job.preview_event_ = ev;
+          ++job.preview_seq_;
+        }
+        job.cv_.notify_all();
+      };
+    }
+    auto r = model_->generate(req, cb);
+    if (!r.ok()) {
+      const ApiError e = from_status(r.status(), spec.references.empty() ? "" : "image");
+      job.finish(r.status().code() == Code::kCancelled ? JobState::kCancelled : JobState::kFailed, &e);
+      return;
+    }
+    auto file = encode_image(r->image, spec.format, r->metadata, spec.quality);
+    if (!file.ok()) {
+      const ApiError e = from_status(file.status());
+      job.finish(JobState::kFailed, &e);
+      return;
+    }
+    images.push_back({base64_encode(*file), req.seed});
+    std::lock_guard<std::mutex> lock(job.mu_);
+    job.width_ = r->width;
+    job.height_ = r->height;
+    job.steps_ = r->steps;
+  }
+  {
+    std::lock_guard<std::mutex> lock(job.mu_);
+    job.images_ = std::move(images);
+  }
+  job.finish(JobState::kSucceeded, nullptr);
+}
+
+}  // namespace klein::server

@@ -1,0 +1,145 @@
+#include "request.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace klein::server {
+
+namespace {
+
+using nlohmann::json;
+
+// Fields of OpenAI's Images API that do not change klein's output (model choice, style hints,
+// moderation, user ids) are accepted and ignored; anything else unknown is an error.
+const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user",
+                                        "input_fidelity", "partial_images", "stream"};
+const std::set<std::string> kKnown = {"prompt", "n", "size", "response_format", "seed", "steps", "output_format",
+                                      "output_compression"};
+
+// An integer field: a JSON integer, or (from a form) decimal text.
+std::optional<ApiError> get_uint(const json& v, const std::string& name, uint64_t lo, uint64_t hi, uint64_t* out) {
+  const ApiError bad = invalid(name, "'" + name + "' must be an integer from " + std::to_string(lo) + " to " +
+                                         std::to_string(hi));
+  uint64_t x = 0;
+  if (v.is_number_unsigned()) {
+    x = v.get<uint64_t>();
+  } else if (v.is_number_integer()) {
+    return bad;  // negative
+  } else if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+    if (s.empty() || ec != std::errc() || p != s.data() + s.size()) return bad;
+  } else {
+    return bad;
+  }
+  if (x < lo || x > hi) return bad;
+  *out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_size(const std::string& s, const Limits& lim, int* w, int* h) {
+  if (s == "auto") {
+    *w = *h = 0;
+    return std::nullopt;
+  }
+  const std::string rule = "multiples of 16 from 16 to " + std::to_string(lim.max_side);
+  const ApiError bad = invalid("size", "'size' must be \"WIDTHxHEIGHT\" with both " + rule + ", or \"auto\"; got \"" +
+                                           s.substr(0, 40) + "\"");
+  const size_t x = s.find('x');
+  if (x == std::string::npos) return bad;
+  int v[2] = {0, 0};
+  const std::string part[2] = {s.substr(0, x), s.substr(x + 1)};
+  for (int i = 0; i < 2; ++i) {
+    const auto [p, ec] = std::from_chars(part[i].data(), part[i].data() + part[i].size(), v[i]);
+    if (part[i].empty() || ec != std::errc() || p != part[i].data() + part[i].size()) return bad;
+    if (v[i] < 16 || v[i] > lim.max_side || v[i] % 16 != 0) return bad;
+  }
+  *w = v[0];
+  *h = v[1];
+  return std::nullopt;
+}
+
+// Every field of a JSON object (or a form turned into one, all values strings).
+std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpec* out) {
+  bool have_prompt = false;
+  for (const auto& [key, v] : body.items()) {
+    if (kIgnored.count(key)) continue;
+    if (!kKnown.count(key)) return invalid(key, "Unknown parameter: '" + key + "'.", "unknown_parameter");
+    uint64_t x = 0;
+    if (key == "prompt") {
+      if (!v.is_string() || v.get_ref<const std::string&>().empty())
+        return invalid("prompt", "'prompt' must be a non-empty string");
+      if (v.get_ref<const std::string&>().size() > lim.max_prompt_bytes)
+        return invalid("prompt", "'prompt' is longer than " + std::to_string(lim.max_prompt_bytes) + " bytes");
+      out->prompt = v.get<std::string>();
+      have_prompt = true;
+    } else if (key == "n") {
+      if (auto e = get_uint(v, key, 1, static_cast<uint64_t>(lim.max_n), &x)) return e;
+      out->n = static_cast<int>(x);
+    } else if (key == "steps") {
+      if (auto e = get_uint(v, key, 1, static_cast<uint64_t>(lim.max_steps), &x)) return e;
+      out->steps = static_cast<int>(x);
+    } else if (key == "seed") {
+      if (auto e = get_uint(v, key, 0, UINT64_MAX, &x)) return e;
+      out->seed = x;
+    } else if (key == "output_compression") {
+      if (auto e = get_uint(v, key, 0, 100, &x)) return e;
+      out->quality = x < 1 ? 1 : static_cast<int>(x);
+    } else if (key == "size") {
+      if (!v.is_string()) return invalid("size", "'size' must be a string such as \"512x512\"");
+      if (auto e = parse_size(v.get<std::string>(), lim, &out->width, &out->height)) return e;
+    } else if (key == "response_format") {
+      if (!v.is_string()) return invalid(key, "'response_format' must be a string");
+      const std::string f = v.get<std::string>();
+      if (f == "url")
+        return invalid(key, "response_format 'url' is not supported by klein serve (images are not stored); use 'b64_json'",
+                       "unsupported_value");
+      if (f != "b64_json") return invalid(key, "'response_format' must be 'b64_json'");
+    } else if (key == "output_format") {
+      const std::string f = v.is_string() ? v.get<std::string>() : "";
+      if (f == "png") out->format = ImageFileFormat::kPng;
+      else if (f == "jpeg" || f == "jpg") out->format = ImageFileFormat::kJpeg;
+      else if (f == "webp") out->format = ImageFileFormat::kWebp;
+      else return invalid(key, "'output_format' must be one of png, jpeg, webp");
+      out->format_name = f == "jpg" ? "jpeg" : f;
+    }
+  }
+  if (!have_prompt) return invalid("prompt", "'prompt' is required", "missing_required_parameter");
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_json_request(const std::string& body, const Limits& limits, uint64_t random_seed,
+                                           JobSpec* out) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid("", "the request body is not valid JSON", "invalid_json");
+  if (!j.is_object()) return invalid("", "the request body must be a JSON object", "invalid_json");
+  out->seed = random_seed;
+  return apply_fields(j, limits, out);
+}
+
+std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
+                                           uint64_t random_seed, bool need_image, JobSpec* out) {
+  json fields = json::object();
+  out->seed = random_seed;
+  for (const FormPart& p : parts) {
+    if (p.name == "image" || p.name == "image[]") {
+      if (static_cast<int>(out->references.size()) >= limits.max_images)
+        return invalid("image", "at most " + std::to_string(limits.max_images) + " images per request");
+      // Only the upload's own name goes into the PNG metadata; it never names a file here.
+      std::string name = p.filename.empty() ? "image" + std::to_string(out->references.size() + 1) : p.filename;
+      out->references.push_back({std::move(name), std::vector<uint8_t>(p.content.begin(), p.content.end())});
+      continue;
+    }
+    if (p.name == "mask") return invalid("mask", "'mask' is not supported: klein edits the whole image", "unsupported_value");
+    if (fields.contains(p.name)) return invalid(p.name, "'" + p.name + "' is given twice");
+    fields[p.name] = p.content;
+  }
+  if (need_image && out->references.empty())
+    return invalid("image", "at least one 'image' part is required", "missing_required_parameter");
+  return apply_fields(fields, limits, out);
+}
+
+}  // namespace klein::server

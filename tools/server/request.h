@@ -1,0 +1,51 @@
+// An image request as the server runs it (JobSpec), parsed and validated from OpenAI Images API
+// bodies: JSON (generations) or multipart/form-data (edits, with `image` / `image[]` parts).
+// Unknown fields are rejected (400, code "unknown_parameter"), as OpenAI's API does, so a typo
+// never silently changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_error.h"
+#include "klein/klein.h"
+
+namespace klein::server {
+
+struct JobSpec {
+  std::string prompt;
+  int n = 1;
+  int width = 0, height = 0;  // 0: the default (1024, or the first reference's size)
+  int steps = 0;              // 0: the model's default
+  uint64_t seed = 0;          // image i uses seed + i
+  ImageFileFormat format = ImageFileFormat::kPng;
+  std::string format_name = "png";
+  int quality = 90;  // JPEG / WebP
+  std::vector<ReferenceImage> references;
+};
+
+struct Limits {
+  int max_side = 2048;     // width and height: 16..max_side, multiples of 16
+  int max_n = 10;
+  int max_steps = 100;
+  size_t max_prompt_bytes = 64 * 1024;
+  int max_images = 8;      // reference images per edit
+};
+
+// A JSON body. `random_seed` is used when the body has no seed.
+std::optional<ApiError> parse_json_request(const std::string& body, const Limits& limits, uint64_t random_seed,
+                                           JobSpec* out);
+
+// A multipart part, as the HTTP library hands it over.
+struct FormPart {
+  std::string name, filename, content_type, content;
+};
+// A multipart body: text fields as in JSON (numbers as text), `image` / `image[]` file parts as
+// references (at least one when `need_image`).
+std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
+                                           uint64_t random_seed, bool need_image, JobSpec* out);
+
+}  // namespace klein::server
