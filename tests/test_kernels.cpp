@@ -445,5 +445,36 @@ TEST_P(Kernels, AttentionLargeScoresStayFinite) {
   EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
 }
 
+TEST_P(Kernels, Q4G64UnpackIsBitExact) {
+  // x = identity rows: with no bias, y[m, n] = 1 · W[n, m] + 0 · … is the expanded weight itself,
+  // so the SIMD unpack (q4_unpack.h) must give the format table's row → f32 bit for bit (fp32),
+  // or its bf16 rounding (fast). bf16 scales and offsets, as `klein quantize` and MLX store them.
+  std::mt19937 rng(21);
+  const int64_t N = 40, K = 192;
+  OwnedWeight o = random_weight(DType::kQ4G64, N, K, rng);
+  std::vector<uint16_t> sb(o.scales.size()), ob(o.offsets.size());
+  for (size_t i = 0; i < sb.size(); ++i) {
+    sb[i] = f32_to_bf16(o.scales[i] * (i % 2 ? -1.0f : 1.0f));  // MLX scales may be negative
+    ob[i] = f32_to_bf16(o.offsets[i]);
+  }
+  o.w.scales = sb.data();
+  o.w.offsets = ob.data();
+  o.w.scale_dtype = DType::kBF16;
+  std::vector<float> x(K * K, 0.0f), y(K * N), y2(K * N), row(K);
+  for (int64_t m = 0; m < K; ++m) x[m * K + m] = 1.0f;
+  ThreadPool pool(2);
+  kernels::run_linear(set, x.data(), K, K, o.w, nullptr, y.data(), pool);
+  kernels::run_linear(fast, x.data(), K, K, o.w, nullptr, y2.data(), pool);
+  const bool fast_is_bf16 = fast.get(kernels::Op::kLinear, DType::kQ4G64).fast;
+  for (int64_t n = 0; n < N; ++n) {
+    weight_row_to_f32(o.w, n, row.data());
+    for (int64_t m = 0; m < K; ++m) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[m * N + n]), std::bit_cast<uint32_t>(row[m])) << n << "," << m;
+      const float want = fast_is_bf16 ? round_bf16(row[m]) : row[m];
+      ASSERT_EQ(std::bit_cast<uint32_t>(y2[m * N + n]), std::bit_cast<uint32_t>(want)) << n << "," << m;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace klein

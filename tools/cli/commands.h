@@ -24,4 +24,5 @@ Command make_tokenize_command();
 Command make_encode_command();
 Command make_info_command();
 Command make_generate_command();
+Command make_quantize_command(); Command make_compare_command();
 }  // namespace klein::cli
