@@ -234,6 +234,8 @@ void check_linear_fast(const kernels::KernelSet& set, DType dt, int64_t M, int64
   const bool w8a8 = e.fast && dt == DType::kQ8Row;
   if (w8a8)
     kernels::ref::linear_w8a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  else if (e.fast && dt == DType::kQ4G64)
+    kernels::ref::linear_w4a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
   else if (e.fast)
     kernels::ref::linear_bf16(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
   else
@@ -328,6 +330,8 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   check_linear_fast(fast, DType::kQ8Row, 45, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ8Row, 200, 40, 1030, false, 3, pool, rng);
   check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
+  check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
+  check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
 }
 
@@ -465,7 +469,10 @@ TEST_P(Kernels, Q4G64UnpackIsBitExact) {
   ThreadPool pool(2);
   kernels::run_linear(set, x.data(), K, K, o.w, nullptr, y.data(), pool);
   kernels::run_linear(fast, x.data(), K, K, o.w, nullptr, y2.data(), pool);
-  const bool fast_is_bf16 = fast.get(kernels::Op::kLinear, DType::kQ4G64).fast;
+  // The fast Q4_G64 kernel is W4A8 where VNNI exists (checked against ref::linear_w4a8 below),
+  // else the exact one.
+  const bool fast_is_bf16 = fast.get(kernels::Op::kLinear, DType::kQ4G64).name == "gemm_bf16_avx512bf16";
+  if (fast.get(kernels::Op::kLinear, DType::kQ4G64).name == "gemm_w4a8_avx512vnni") y2 = y;
   for (int64_t n = 0; n < N; ++n) {
     weight_row_to_f32(o.w, n, row.data());
     for (int64_t m = 0; m < K; ++m) {

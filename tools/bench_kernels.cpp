@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
       // micro-kernels as BF16; compare with the BF16 rows above for the unpack's cost.
       {Isa::kAvx2, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx2", kFma256},
       {Isa::kAvx512, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx512", kFma512},
-      {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kQ4G64, "gemm_bf16_avx512bf16", kBf16},
+      {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx512vnni", kVnni512},
   };
   for (const Variant& v : variants) {
     const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
