@@ -64,8 +64,9 @@ enum class MemoryPolicy {
 enum class Precision {
   kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default)
   kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
-          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights
-          // (activations quantized per token); float32 where the CPU has neither
+          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights and
+          // W4A8 for Q4_G64 (AVX512_VNNI; activations quantized per token); float32 where the
+          // CPU has neither
 };
 
 struct LoadOptions {
