@@ -234,6 +234,8 @@ void check_linear_fast(const kernels::KernelSet& set, DType dt, int64_t M, int64
   const bool w8a8 = e.fast && dt == DType::kQ8Row;
   if (w8a8)
     kernels::ref::linear_w8a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  else if (e.fast && dt == DType::kQ4G64)
+    kernels::ref::linear_w4a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
   else if (e.fast)
     kernels::ref::linear_bf16(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
   else
@@ -328,6 +330,8 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   check_linear_fast(fast, DType::kQ8Row, 45, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ8Row, 200, 40, 1030, false, 3, pool, rng);
   check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
+  check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
+  check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
 }
 
@@ -443,6 +447,40 @@ TEST_P(Kernels, AttentionLargeScoresStayFinite) {
   // double); the softmax weights inherit that relative error, hence the looser bound.
   EXPECT_LE(err, 1e-4f * std::max(1.0f, mag));
   EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_P(Kernels, Q4G64UnpackIsBitExact) {
+  // x = identity rows: with no bias, y[m, n] = 1 · W[n, m] + 0 · … is the expanded weight itself,
+  // so the SIMD unpack (q4_unpack.h) must give the format table's row → f32 bit for bit (fp32),
+  // or its bf16 rounding (fast). bf16 scales and offsets, as `klein quantize` and MLX store them.
+  std::mt19937 rng(21);
+  const int64_t N = 40, K = 192;
+  OwnedWeight o = random_weight(DType::kQ4G64, N, K, rng);
+  std::vector<uint16_t> sb(o.scales.size()), ob(o.offsets.size());
+  for (size_t i = 0; i < sb.size(); ++i) {
+    sb[i] = f32_to_bf16(o.scales[i] * (i % 2 ? -1.0f : 1.0f));  // MLX scales may be negative
+    ob[i] = f32_to_bf16(o.offsets[i]);
+  }
+  o.w.scales = sb.data();
+  o.w.offsets = ob.data();
+  o.w.scale_dtype = DType::kBF16;
+  std::vector<float> x(K * K, 0.0f), y(K * N), y2(K * N), row(K);
+  for (int64_t m = 0; m < K; ++m) x[m * K + m] = 1.0f;
+  ThreadPool pool(2);
+  kernels::run_linear(set, x.data(), K, K, o.w, nullptr, y.data(), pool);
+  kernels::run_linear(fast, x.data(), K, K, o.w, nullptr, y2.data(), pool);
+  // The fast Q4_G64 kernel is W4A8 where VNNI exists (checked against ref::linear_w4a8 below),
+  // else the exact one.
+  const bool fast_is_bf16 = fast.get(kernels::Op::kLinear, DType::kQ4G64).name == "gemm_bf16_avx512bf16";
+  if (fast.get(kernels::Op::kLinear, DType::kQ4G64).name == "gemm_w4a8_avx512vnni") y2 = y;
+  for (int64_t n = 0; n < N; ++n) {
+    weight_row_to_f32(o.w, n, row.data());
+    for (int64_t m = 0; m < K; ++m) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[m * N + n]), std::bit_cast<uint32_t>(row[m])) << n << "," << m;
+      const float want = fast_is_bf16 ? round_bf16(row[m]) : row[m];
+      ASSERT_EQ(std::bit_cast<uint32_t>(y2[m * N + n]), std::bit_cast<uint32_t>(want)) << n << "," << m;
+    }
+  }
 }
 
 }  // namespace

@@ -287,6 +287,11 @@ int main(int argc, char** argv) {
       {Isa::kAvx2, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx2", kMadd256},
       {Isa::kAvxVnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avxvnni", kVnni256},
       {Isa::kAvx512Vnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx512vnni", kVnni512},
+      // Q4_G64 (MLX int4): the slab is unpacked once per block (q4_unpack.h), then the same
+      // micro-kernels as BF16; compare with the BF16 rows above for the unpack's cost.
+      {Isa::kAvx2, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx2", kFma256},
+      {Isa::kAvx512, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx512", kFma512},
+      {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx512vnni", kVnni512},
   };
   for (const Variant& v : variants) {
     const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
@@ -311,6 +316,9 @@ int main(int argc, char** argv) {
     std::vector<uint16_t> wb(s.N * s.K);
     std::vector<int8_t> wq(s.N * s.K);
     std::vector<float> ws(s.N);
+    std::vector<uint16_t> gs(s.N * s.K / 64), gb(s.N * s.K / 64);  // Q4_G64 scales / biases (bf16)
+    for (auto& e : gs) e = f32_to_bf16(0.01f * (1 + dist(rng)));
+    for (auto& e : gb) e = f32_to_bf16(0.1f * dist(rng));
     for (auto& e : wb) e = f32_to_bf16(dist(rng));
     for (auto& e : wq) e = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
     for (auto& e : ws) e = 0.01f * (1 + dist(rng));
@@ -324,8 +332,11 @@ int main(int argc, char** argv) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
       if (set.get(kernels::Op::kLinear, v.format).name != v.kernel) continue;
       W.dtype = v.format;
-      W.data = v.format == DType::kQ8Row ? static_cast<const void*>(wq.data()) : wb.data();
-      W.scales = v.format == DType::kQ8Row ? ws.data() : nullptr;
+      W.data = v.format == DType::kQ8Row ? static_cast<const void*>(wq.data()) : wb.data();  // Q4: any bytes
+      W.scales = v.format == DType::kQ8Row ? static_cast<const void*>(ws.data())
+                 : v.format == DType::kQ4G64 ? static_cast<const void*>(gs.data()) : nullptr;
+      W.offsets = v.format == DType::kQ4G64 ? gb.data() : nullptr;
+      W.scale_dtype = v.format == DType::kQ4G64 ? DType::kBF16 : DType::kF32;
       const std::string name = std::string(v.kernel) + " " + std::string(dtype_name(v.format)) + " M=" +
                                std::to_string(s.M) + " K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
       const Time t = time_best(reps, [&] {

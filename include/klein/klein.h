@@ -64,8 +64,9 @@ enum class MemoryPolicy {
 enum class Precision {
   kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default)
   kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
-          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights
-          // (activations quantized per token); float32 where the CPU has neither
+          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights and
+          // W4A8 for Q4_G64 (AVX512_VNNI; activations quantized per token); float32 where the
+          // CPU has neither
 };
 
 struct LoadOptions {
@@ -264,6 +265,35 @@ KLEIN_API Result<Image> decode_image(const std::vector<uint8_t>& data, const std
 
 // Writes a float32 C-order .npy atomically, as save_png does. data.size() must match shape.
 KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
+
+// `klein quantize`: a model folder rewritten with low-bit weights, same diffusers layout, that
+// Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +
+// X.weight_scale), computed W8A8 under Precision::kFast; q4: MLX affine int4, groups of 64 along
+// the input dimension (X.weight U32 + X.scales + X.biases, bf16), as mx.quantize(w, 64, 4) makes
+// them; bf16: float weights rounded to bf16. The text encoder and transformer are rewritten; the
+// VAE, tokenizer and scheduler are copied. Embeddings, time/guidance embedders, modulation, the
+// input/output projections, norms, biases and every 1-D tensor stay as stored; `keep` adds
+// tensor-name globs ('*' also matches '.'). The scheme is recorded in each rewritten
+// component's config.json under "quantization".
+struct QuantizeOptions {
+  std::string model;              // input folder (model_index.json)
+  std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)
+  std::string type = "q8";        // "q8", "q4" or "bf16"
+  std::vector<std::string> keep;  // extra globs of tensors kept as stored
+  int threads = 0;                // 0: all cores
+};
+// progress("quantize <component>", tensors done, total); log: one summary line per component.
+KLEIN_API Status quantize_model(const QuantizeOptions& options, const Callbacks& callbacks = {});
+
+// How close two images of one size are (`klein compare`).
+struct ImageComparison {
+  double psnr = 0;         // dB over the R, G, B values, peak 255; +inf when identical
+  double ssim = 0;         // mean SSIM on BT.601 luma, Gaussian 11x11 window (sigma 1.5), valid positions
+  double correlation = 0;  // Pearson correlation of the R, G, B values (1 when both are constant and equal)
+};
+KLEIN_API Result<ImageComparison> compare_images(const Image& a, const Image& b);
+// Reads both files (PNG, JPEG, WebP) and compares them; the sizes must match.
+KLEIN_API Result<ImageComparison> compare_image_files(const std::string& a, const std::string& b);
 
 // A report on this CPU: model name, the instruction-set features found, the ISAs usable, and the
 // kernel chosen for each (op, weight format) — with the best ISA, or under the ceiling `isa`

@@ -53,6 +53,15 @@ void int8_accumulators(const int8_t* q, int64_t M, int64_t K, const Weight& W, i
 // kernels produce exactly these bits.
 void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
                  int64_t ldx = 0, int64_t ldy = 0);
+
+// W4A8 linear for a Q4_G64 weight (nibbles w ∈ 0..15, per group g of 64 along K a scale s_g and
+// offset o_g): x quantized per row as quantize_row_int8 (q, s_x), then per output n
+//   A_g = Σ_{k∈g} q[k] · w[n, k]   (int32, exact)        X_g = Σ_{k∈g} q[k]   (int32)
+//   y[m, n] = s_x · Σ_g (s_g · A_g + o_g · X_g) + bias[n]
+// — x_q · dequant(W)ᵀ exactly, since dequant = o + s·w — summed here in double and rounded to
+// float once; the kernels sum the groups in float32, so tests bound their error against this.
+void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx = 0, int64_t ldy = 0);
 }  // namespace ref
 
 }  // namespace klein::kernels

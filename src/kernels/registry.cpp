@@ -46,11 +46,14 @@ std::vector<KernelEntry> build_table() {
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;
     add_linear(Isa::kAvx512, f.id, "gemm_avx512", avx512::linear, false);
-    if (f.id != DType::kQ8Row) add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
+    // Q8_ROW and Q4_G64 have integer kernels (below): vpdpbusd does twice vdpbf16ps's work.
+    if (f.id != DType::kQ8Row && f.id != DType::kQ4G64)
+      add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
   }
   add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
+  add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
 #endif
   return t;
 }

@@ -2,6 +2,7 @@
 Every request is answered (an image or 429 with Retry-After), none is lost or mixed up (each
 image's PNG metadata carries its own request's prompt and seed), the queue never holds more
 than its limit, and memory stays flat (RSS after the run <= 1.1x RSS after the first request)."""
+import os
 import base64
 import threading
 import time
@@ -78,7 +79,12 @@ class Load(unittest.TestCase):
             rss_last = srv.rss_kib()
             print(f"load: {len(images)} images, {len(limited)} x 429 in {elapsed:.1f} s; "
                   f"max queued {max_seen[0]}; RSS {rss_first} -> {rss_last} KiB")
-            self.assertLessEqual(rss_last, 1.1 * rss_first, "memory flat across the run")
+            # Under AddressSanitizer freed memory sits in ASan's quarantine (256 MiB by default),
+            # so RSS measures the sanitizer, not the server: the bound holds for normal builds.
+            if os.environ.get("KLEIN_SANITIZED") == "1":
+                print("load: RSS bound not checked in a sanitizer build (ASan quarantine)")
+            else:
+                self.assertLessEqual(rss_last, 1.1 * rss_first, "memory flat across the run")
             self.assertEqual(srv.request("GET", "/health")[0], 200)
         finally:
             srv.close()

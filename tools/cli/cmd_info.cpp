@@ -93,7 +93,8 @@ Command make_info_command() {
 }
 
 std::vector<Command> all_commands() {
-  return {make_generate_command(), make_encode_command(), make_tokenize_command(), make_info_command(), make_serve_command()};
+  return {make_generate_command(), make_encode_command(), make_tokenize_command(), make_info_command(),
+          make_quantize_command(), make_compare_command(), make_serve_command()};
 }
 
 }  // namespace klein::cli

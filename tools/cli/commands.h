@@ -25,4 +25,6 @@ Command make_encode_command();
 Command make_info_command();
 Command make_generate_command();
 Command make_serve_command();  // tools/server/cmd_serve.cpp
+Command make_quantize_command();
+Command make_compare_command();
 }  // namespace klein::cli

@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/format.h"
 #include "core/weight.h"
+#include "kernels/cpu/q4_unpack.h"
 
 namespace klein::kernels {
 namespace {
@@ -34,7 +35,7 @@ inline void f32_to_bf16_row(const float* src, int64_t n, uint16_t* dst) {
   for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
-// Row r of a weight as float32 [K]: vectorised for F32 / BF16 / F16, weight_row_to_f32 else.
+// Row r of a weight as float32 [K]: vectorised for F32 / BF16 / F16 / Q4_G64, weight_row_to_f32 else.
 inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
   const uint8_t* base = static_cast<const uint8_t*>(W.data);
   int64_t i = 0;
@@ -60,6 +61,8 @@ inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
     }
   } else if (W.dtype == DType::kF32) {
     std::memcpy(out, base + r * K * 4, K * 4);
+  } else if (W.dtype == DType::kQ4G64) {
+    q4g64_row_avx2(W, r, 0, K, out);
   } else {
     weight_row_to_f32(W, r, out);
   }

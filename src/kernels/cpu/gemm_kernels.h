@@ -26,6 +26,10 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
 namespace avx512vnni {  // Isa::kAvx512Vnni: vpdpbusd on zmm
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Q4_G64 weights, W4A8 (fast): x quantized per row, nibbles × int8 by vpdpbusd per group of 64,
+// the group's scale and offset folded in float32 (ref::linear_w4a8's arithmetic, float sums).
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
 namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,

@@ -87,3 +87,37 @@ void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const We
 }
 
 }  // namespace klein::kernels::ref
+
+namespace klein::kernels::ref {
+
+void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx, int64_t ldy) {
+  if (W.dtype != DType::kQ4G64) throw std::invalid_argument("ref::linear_w4a8: " + W.name + " is not Q4_G64");
+  const int64_t N = W.rows(), G = K / 64;
+  if (W.cols() != K) throw std::invalid_argument("ref::linear_w4a8: K mismatch for " + W.name);
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  const std::vector<float> b = bias_f32(bias, N);
+  std::vector<int8_t> q(K);
+  const uint8_t* w = static_cast<const uint8_t*>(W.data);
+  for (int64_t m = 0; m < M; ++m) {
+    float sx;
+    quantize_row_int8(x + m * ldx, K, q.data(), &sx);
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        int32_t a = 0, xs = 0;
+        for (int64_t k = g * 64; k < g * 64 + 64; ++k) {
+          const int nib = (w[n * (K / 2) + k / 2] >> (4 * (k % 2))) & 0xf;
+          a += q[k] * nib;
+          xs += q[k];
+        }
+        acc += static_cast<double>(scale_at(W.scales, W.scale_dtype, n * G + g)) * a +
+               static_cast<double>(scale_at(W.offsets, W.scale_dtype, n * G + g)) * xs;
+      }
+      y[m * ldy + n] = static_cast<float>(static_cast<double>(sx) * acc + b[n]);
+    }
+  }
+}
+
+}  // namespace klein::kernels::ref

@@ -1,0 +1,294 @@
+// klein quantize: the q8 / q4 recipes, the folder it writes (loads without conversion, every
+// quantized weight within its format's error, kept tensors byte-identical, generates), its
+// errors, and klein compare's metrics on images with known values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/quantize.h"
+#include "io/tensor_source.h"
+#include "klein/klein.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using namespace klein;
+
+namespace {
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+fs::path quantized_tiny(const std::string& type) {
+  static std::map<std::string, fs::path> made;
+  if (made.count(type)) return made[type];
+  const fs::path out = klein::testing::make_temp_dir("quant_" + type) / "model";
+  QuantizeOptions o;
+  o.model = klein::testing::tiny_model_dir().string();
+  o.output = out.string();
+  o.type = type;
+  Status st = quantize_model(o);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return made[type] = out;
+}
+
+// The largest |w - dequant(w)| the format allows for row r (a bound, per row or group).
+double allowed_error(const Weight& w, int64_t r, int64_t c) {
+  if (w.dtype == DType::kQ8Row) return 0.5001 * scale_at(w.scales, w.scale_dtype, r) + 1e-30;
+  const int64_t g = r * w.blocks_per_row() + c / 64;
+  const double s = std::fabs(scale_at(w.scales, w.scale_dtype, g)), b = std::fabs(scale_at(w.offsets, w.scale_dtype, g));
+  // One step (MLX's edge/q0 rescaling: see QuantizeRecipe.Q4GroupMatchesMlxDefinition), plus the
+  // bf16 rounding of the stored scale (×15) and bias (MLX stores them bf16).
+  return 1.0001 * s + 15 * s / 256 + b / 256 + 1e-30;
+}
+
+void check_component(const fs::path& orig_dir, const fs::path& quant_dir, DType qtype, int* quantized) {
+  auto a = SafetensorsSource::open(orig_dir);
+  auto b = SafetensorsSource::open(quant_dir);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->names(), (*b)->names());  // companions are hidden: the same logical tensors
+  for (const std::string& n : (*a)->names()) {
+    auto wa = (*a)->get(n);
+    auto wb = (*b)->get(n);
+    ASSERT_TRUE(wa.ok() && wb.ok()) << n;
+    if (wb->dtype == qtype) {
+      ++*quantized;
+      ASSERT_EQ(wa->shape, wb->shape) << n;
+      std::vector<float> ra(wa->cols()), rb(wb->cols());
+      for (int64_t r = 0; r < wa->rows(); ++r) {
+        weight_row_to_f32(*wa, r, ra.data());
+        weight_row_to_f32(*wb, r, rb.data());
+        for (int64_t c = 0; c < wa->cols(); ++c)
+          ASSERT_LE(std::fabs(ra[c] - rb[c]), allowed_error(*wb, r, c)) << n << " [" << r << ", " << c << "]";
+      }
+    } else {
+      ASSERT_EQ(wa->dtype, wb->dtype) << n;
+      ASSERT_EQ(wa->shape, wb->shape) << n;
+      ASSERT_EQ(wa->nbytes, wb->nbytes) << n;
+      EXPECT_EQ(std::memcmp(wa->data, wb->data, wa->nbytes), 0) << n << " kept but not byte-identical";
+    }
+  }
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+}  // namespace
+
+TEST(QuantizeRecipe, Q8RowIsSymmetricRoundHalfEven) {
+  const float w[4] = {1.27f, -0.5f, 0.005f, 0.015f};
+  int8_t qv[4];
+  const float s = quantize_row_q8(w, 4, qv);
+  EXPECT_FLOAT_EQ(s, 1.27f / 127.0f);
+  EXPECT_EQ(qv[0], 127);
+  EXPECT_EQ(qv[1], static_cast<int8_t>(std::nearbyint(-0.5f / s)));
+  EXPECT_EQ(qv[2], static_cast<int8_t>(std::nearbyint(0.005f / s)));  // 0.5 → 0 (half to even)
+  const float z[3] = {0, 0, 0};
+  EXPECT_EQ(quantize_row_q8(z, 3, qv), 0.0f);
+  EXPECT_EQ(qv[0], 0);
+}
+
+TEST(QuantizeRecipe, Q4GroupMatchesMlxDefinition) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.1f, 1.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    float w[64];
+    for (float& v : w) v = round_bf16(nd(rng));
+    uint8_t packed[32];
+    float s, b;
+    quantize_group_q4(w, packed, &s, &b);
+    float lo = w[0], hi = w[0];
+    for (float v : w) lo = std::min(lo, v), hi = std::max(hi, v);
+    // The edge of larger magnitude is exact: bias (or bias + 15·scale) reproduces it.
+    const float edge = std::fabs(lo) > std::fabs(hi) ? lo : hi;
+    EXPECT_EQ(b, edge);
+    for (int k = 0; k < 64; ++k) {
+      const int qk = (packed[k / 2] >> (4 * (k % 2))) & 0xf;
+      // Not half a step: MLX rounds edge / scale to an integer q0 and rescales to edge / q0, so the
+      // far end of the range can fall short of the other extreme by up to 15/16 of a step.
+      EXPECT_LE(std::fabs(b + s * qk - w[k]), std::fabs(s) * 1.0001f) << k;
+    }
+  }
+}
+
+TEST(Quantize, Q8AndQ4FoldersLoadWithinTheFormatErrorAndKeepTheRestByteIdentical) {
+  for (const auto& [type, dt] : {std::pair{"q8", DType::kQ8Row}, std::pair{"q4", DType::kQ4G64}}) {
+    const fs::path out = quantized_tiny(type);
+    ASSERT_TRUE(fs::exists(out / "model_index.json"));
+    for (const char* f : {"tokenizer/tokenizer.json", "scheduler/scheduler_config.json", "vae/config.json",
+                          "vae/diffusion_pytorch_model.safetensors", "text_encoder/generation_config.json"})
+      EXPECT_TRUE(fs::exists(out / f)) << f;
+    int n = 0;
+    check_component(klein::testing::tiny_model_dir() / "transformer", out / "transformer", dt, &n);
+    check_component(klein::testing::tiny_model_dir() / "text_encoder", out / "text_encoder", dt, &n);
+    check_component(klein::testing::tiny_model_dir() / "vae", out / "vae", dt, &n);
+    EXPECT_GT(n, 0) << type;
+    const auto cfg = read_json(out / "transformer" / "config.json");
+    ASSERT_TRUE(cfg.contains("quantization"));
+    EXPECT_EQ(cfg["quantization"]["type"], type);
+    const auto kept = cfg["quantization"]["kept"].get<std::vector<std::string>>();
+    for (const char* k : {"x_embedder.weight", "proj_out.weight", "norm_out.linear.weight",
+                          "double_stream_modulation_img.linear.weight", "time_guidance_embed.timestep_embedder.linear_1.weight"})
+      EXPECT_NE(std::find(kept.begin(), kept.end(), k), kept.end()) << type << " " << k;
+    const auto te = read_json(out / "text_encoder" / "config.json")["quantization"]["kept"].get<std::vector<std::string>>();
+    EXPECT_NE(std::find(te.begin(), te.end(), "model.embed_tokens.weight"), te.end());
+  }
+  // q8 quantizes every other Linear of the tiny model; q4 only those with 64-multiple inputs.
+  auto src = SafetensorsSource::open(quantized_tiny("q8") / "text_encoder");
+  ASSERT_TRUE(src.ok());
+  EXPECT_EQ((*src)->get("model.layers.0.mlp.down_proj.weight")->dtype, DType::kQ8Row);
+}
+
+TEST(Quantize, QuantizedFoldersGenerateInBothPrecisions) {
+  for (const char* type : {"q8", "q4"})
+    for (Precision p : {Precision::kFp32, Precision::kFast}) {
+      LoadOptions lo;
+      lo.precision = p;
+      auto m = Model::open(quantized_tiny(type).string(), lo);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      GenerateRequest g;
+      g.prompt = "a cat";
+      g.width = 48;
+      g.height = 32;
+      g.steps = 2;
+      g.seed = 42;
+      auto r = (*m)->generate(g);
+      ASSERT_TRUE(r.ok()) << type << ": " << r.status().to_string();  // generate refuses non-finite images
+      EXPECT_EQ(r->image.width, 48);
+      EXPECT_EQ(r->image.height, 32);
+      EXPECT_EQ(r->image.rgb.size(), 48u * 32u * 3u);
+    }
+}
+
+TEST(Quantize, KeepGlobsAreKeptAndBadOptionsGiveOneClearError) {
+  const fs::path d = klein::testing::make_temp_dir("quant_opts");
+  QuantizeOptions o;
+  o.model = klein::testing::tiny_model_dir().string();
+  o.output = (d / "k").string();
+  o.type = "q8";
+  o.keep = {"transformer_blocks.0.*"};
+  ASSERT_TRUE(quantize_model(o).ok());
+  auto src = SafetensorsSource::open(d / "k" / "transformer");
+  ASSERT_TRUE(src.ok());
+  EXPECT_EQ((*src)->get("transformer_blocks.0.attn.to_q.weight")->dtype, DType::kBF16);
+  EXPECT_EQ((*src)->get("transformer_blocks.1.attn.to_q.weight")->dtype, DType::kQ8Row);
+
+  auto expect_error = [&](QuantizeOptions bad, const std::string& needle) {
+    Status st = quantize_model(bad);
+    ASSERT_FALSE(st.ok()) << needle;
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos);
+  };
+  QuantizeOptions bad = o;
+  bad.output = (d / "x").string();
+  bad.keep = {};
+  bad.type = "q5";
+  expect_error(bad, "--type 'q5'");
+  bad.type = "q4";
+  bad.keep = {"no_such_layer.*"};
+  expect_error(bad, "--keep 'no_such_layer.*'");
+  bad.keep = {"[abc"};
+  expect_error(bad, "--keep '[abc'");
+  bad.keep = {};
+  bad.output = o.model;
+  expect_error(bad, "is the input folder");
+  bad.output = o.model + "/transformer/q";
+  expect_error(bad, "inside the input folder");
+  bad.output = (d / "k").string();
+  expect_error(bad, "already exists");
+  EXPECT_FALSE(fs::exists(d / "x"));
+
+  auto r = klein::testing::run_cli("quantize --model " + q(o.model) + " --type int3 -o " + q(d / "y"));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--type 'int3'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(d / "y"));
+}
+
+TEST(Quantize, AFailureLeavesNothingBehind) {
+  // A transformer file truncated after its header: the copy of the other files succeeds, the
+  // quantization of the transformer fails; neither OUT nor OUT.tmp-* may remain.
+  const fs::path d = klein::testing::make_temp_dir("quant_fail");
+  fs::copy(klein::testing::tiny_model_dir(), d / "in", fs::copy_options::recursive);
+  const fs::path tf = d / "in" / "transformer" / "diffusion_pytorch_model.safetensors";
+  fs::resize_file(tf, fs::file_size(tf) - 64);
+  QuantizeOptions o;
+  o.model = (d / "in").string();
+  o.output = (d / "out").string();
+  o.type = "q8";
+  Status st = quantize_model(o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("diffusion_pytorch_model.safetensors"), std::string::npos) << st.message();
+  for (const auto& e : fs::directory_iterator(d)) EXPECT_EQ(e.path().filename(), "in") << e.path();
+}
+
+TEST(Quantize, CliWritesAFolderThatGenerates) {
+  const fs::path d = klein::testing::make_temp_dir("quant_cli");
+  auto r = klein::testing::run_cli("quantize -q --model " + q(klein::testing::tiny_model_dir()) + " --type bf16 -o " +
+                                   q(d / "m"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = klein::testing::run_cli("generate -q --model " + q(d / "m") + " -p 'a cat' -W 32 -H 32 --steps 1 -o " +
+                              q(d / "a.png"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = klein::testing::run_cli("compare " + q(d / "a.png") + " " + q(d / "a.png"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("psnr         inf"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ssim         1.000000"), std::string::npos) << r.out;
+}
+
+namespace {
+Image ramp(int w, int h) {
+  Image im{w, h, std::vector<uint8_t>(static_cast<size_t>(w) * h * 3)};
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) im.rgb[(static_cast<size_t>(y) * w + x) * 3 + c] = static_cast<uint8_t>(20 + 3 * x + 2 * y + 10 * c);
+  return im;
+}
+}  // namespace
+
+TEST(Compare, KnownValues) {
+  const Image a = ramp(40, 30);
+  auto same = compare_images(a, a);
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(std::isinf(same->psnr));
+  EXPECT_DOUBLE_EQ(same->ssim, 1.0);
+  EXPECT_DOUBLE_EQ(same->correlation, 1.0);
+
+  // b = a + 10: MSE 100 → PSNR 10·log10(255²/100); correlation 1; SSIM's contrast-structure term
+  // is 1 and its luminance term (2μaμb + C1)/(μa² + μb² + C1) is evaluated per window — luma
+  // shifts by exactly 10 too, and the Gaussian window sums to 1, so μb = μa + 10 everywhere.
+  Image b = a;
+  for (uint8_t& v : b.rgb) v = static_cast<uint8_t>(v + 10);
+  auto r = compare_images(a, b);
+  ASSERT_TRUE(r.ok());
+  EXPECT_NEAR(r->psnr, 10 * std::log10(255.0 * 255.0 / 100.0), 1e-9);
+  EXPECT_NEAR(r->correlation, 1.0, 1e-12);
+  // For this ramp the window means of luma are 0.299·L_R + ... = the centre value; check the
+  // average of the luminance term over the valid positions.
+  const double c1 = 6.5025;
+  double expect = 0;
+  int n = 0;
+  for (int y = 5; y < 25; ++y)
+    for (int x = 5; x < 35; ++x) {
+      const double mu = 20 + 3 * x + 2 * y + 0.587 * 10 + 0.114 * 20;  // a linear ramp: the Gaussian mean is the centre
+      expect += (2 * mu * (mu + 10) + c1) / (mu * mu + (mu + 10) * (mu + 10) + c1);
+      ++n;
+    }
+  EXPECT_NEAR(r->ssim, expect / n, 1e-9);
+
+  Image inv = a;
+  for (uint8_t& v : inv.rgb) v = static_cast<uint8_t>(255 - v);
+  auto ri = compare_images(a, inv);
+  ASSERT_TRUE(ri.ok());
+  EXPECT_NEAR(ri->correlation, -1.0, 1e-12);
+  EXPECT_LT(ri->ssim, 0.05);  // a gentle ramp: its local variance is below C2, so not far below 0
+
+  auto bad = compare_images(a, ramp(30, 30));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("differ in size"), std::string::npos);
+}

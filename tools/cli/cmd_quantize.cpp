@@ -1,0 +1,53 @@
+// `klein quantize`: a model folder rewritten with q8 / q4 / bf16 weights (klein::quantize_model).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "common.h"
+#include "klein/klein.h"
+
+namespace klein::cli {
+
+Command make_quantize_command() {
+  struct Opts {
+    QuantizeOptions q;
+    bool quiet = false;
+  };
+  auto o = std::make_shared<Opts>();
+  Command c;
+  c.attach_fn = [o](CLI::App& app) {
+    auto* s = app.add_subcommand("quantize", "Write a copy of a model folder with q8, q4 or bf16 weights");
+    s->add_option("--model,-m", o->q.model, "Input model folder (diffusers layout)")->required();
+    s->add_option("--type", o->q.type,
+                  "q8: int8 per output row (W8A8 under --precision fast); q4: MLX affine int4, group 64; bf16")
+        ->required();
+    s->add_option("--keep", o->q.keep,
+                  "Also keep these tensors as stored (name globs, repeatable; '*' matches dots too)");
+    s->add_option("-o,--output", o->q.output, "Output folder (must not exist)")->required();
+    s->add_option("--threads,-t", o->q.threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
+    s->add_flag("--quiet,-q", o->quiet, "No progress output");
+    return s;
+  };
+  c.run = [o]() -> int {
+    Callbacks cb;
+    std::string last;
+    if (!o->quiet) {
+      cb.progress = [&](const std::string& phase, int done, int total) {
+        if (phase != last || done == total || done % 50 == 0) std::fprintf(stderr, "\r%s %d/%d", phase.c_str(), done, total);
+        if (done == total) std::fprintf(stderr, "\n");
+        last = phase;
+      };
+      cb.log = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = quantize_model(o->q, cb);
+    if (!st.ok()) return fail(st);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!o->quiet) std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", o->q.output.c_str(), o->q.type.c_str(), s);
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace klein::cli
