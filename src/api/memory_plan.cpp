@@ -85,8 +85,9 @@ Result<MemoryPlan> plan_memory(const MemoryNeeds& n, uint64_t budget) {
       if (plan.decode <= budget || t == tiles.back()) break;
     }
     if (plan.peak() <= budget) {
-      // What is left keeps whole activations between the statistics passes (time for memory).
-      const uint64_t slack = budget - plan.peak();
+      // What the decode phase leaves keeps whole activations between the statistics passes
+      // (fewer recomputed tiles: time for memory); half of it, for the estimate's error.
+      const uint64_t slack = budget - plan.decode;
       plan.vae_keep_bytes = plan.vae_tile > 0 ? std::min<uint64_t>(slack / 2, uint64_t{256} << 20) : 0;
       plan.decode += plan.vae_keep_bytes;
       return plan;
