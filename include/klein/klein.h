@@ -80,6 +80,13 @@ struct LoadOptions {
   int vae_tile = 0;
   double vae_tile_above_gib = 4.0;
   Precision precision = Precision::kFp32;
+  // A memory budget in GiB for each request (weights, activations and kernel scratch; peak RSS
+  // as getrusage sees it); 0: none (as before). With a budget the engine plans every request
+  // before any work: components loaded as the policy says, or the text encoder's and the
+  // transformer's weights streamed block by block from their mapped files (slower: each step
+  // reads the transformer again from the page cache), and the VAE tile size from what remains.
+  // A request that cannot fit fails before any work with the size it needs.
+  double max_memory_gib = 0;
 };
 
 // Caller hooks. All are optional and called on the calling thread.

@@ -75,6 +75,7 @@ typedef struct klein_load_params {
   const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
   int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
   int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
+  double max_memory_gib; /* memory budget in GiB (klein.h LoadOptions::max_memory_gib); 0: none */
 } klein_load_params;
 
 typedef struct klein_generate_params {

@@ -41,6 +41,7 @@ klein_load_params klein_load_default_params(void) {
   p.isa = nullptr;
   p.vae_tile = 0;
   p.precision = KLEIN_PRECISION_FP32;
+  p.max_memory_gib = 0;
   return p;
 }
 
@@ -66,6 +67,7 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.memory = p.memory == KLEIN_MEMORY_RESIDENT ? klein::MemoryPolicy::kResident : klein::MemoryPolicy::kLow;
     o.isa = p.isa ? p.isa : "";
     o.vae_tile = p.vae_tile;
+    o.max_memory_gib = p.max_memory_gib;
     o.precision = p.precision == KLEIN_PRECISION_FAST ? klein::Precision::kFast : klein::Precision::kFp32;
     auto m = klein::Model::open(path, o);
     if (!m.ok()) return m.status();

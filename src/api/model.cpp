@@ -3,9 +3,11 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "api/guard.h"
 #include "api/model_impl.h"
+#include "api/residency.h"
 #include "io/image_reader.h"
 #include "io/json_file.h"
 #include "io/npy.h"
@@ -67,7 +69,34 @@ VaeTiling Model::Impl::vae_tiling() const {
   VaeTiling t;
   t.tile = options.vae_tile;
   if (options.vae_tile_above_gib > 0) t.auto_above_bytes = static_cast<uint64_t>(options.vae_tile_above_gib * (1 << 30));
+  if (plan) {
+    t.tile = plan->vae_tile > 0 ? plan->vae_tile : -1;
+    if (plan->vae_tile > 0) t.keep_bytes = plan->vae_keep_bytes;
+  }
   return t;
+}
+
+Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
+                                 const std::function<void(const std::string&)>& log) {
+  plan.reset();
+  if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
+  api::RequestShape r;
+  r.width = width;
+  r.height = height;
+  r.ref_tokens = ref_tokens;
+  r.editing = ref_tokens > 0;
+  r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
+  // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
+  // the allocator's slack.
+  n.base = api::process_rss_bytes() + (uint64_t{64} << 20);
+  n.resident = options.memory == MemoryPolicy::kResident;
+  n.vae_forced_tile = options.vae_tile;
+  KLEIN_ASSIGN_OR_RETURN(auto p, api::plan_memory(n, static_cast<uint64_t>(options.max_memory_gib * (1ull << 30))));
+  if (api::plan_adjuster()) api::plan_adjuster()(p);
+  if (log) log(p.summary());
+  plan = p;
+  return Status::Ok();
 }
 
 Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
@@ -94,6 +123,10 @@ Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int st
 
 Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx) {
   KLEIN_ASSIGN_OR_RETURN(auto enc, text_encoder());
+  if (plan && plan->stream_te) {
+    api::BlockStreamer streamer(*enc);
+    return klein::encode_prompt(*tokenizer, *enc, prompt, streamer.hooked(ctx), max_length);
+  }
   return klein::encode_prompt(*tokenizer, *enc, prompt, ctx, max_length);  // kLow: `enc` released here
 }
 
@@ -125,6 +158,10 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tens
   }
   KLEIN_ASSIGN_OR_RETURN(auto m, transformer(ctx));
   // kLow: the transformer is released on return.
+  if (plan && plan->stream_dit) {
+    api::BlockStreamer streamer(*m);
+    return run_denoise(*m, embeds, refs, std::move(noise), schedule, streamer.hooked(ctx), sp ? &*sp : nullptr);
+  }
   return run_denoise(*m, embeds, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr);
 }
 
@@ -225,6 +262,12 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
     m->tokenizer.emplace(std::move(tok));
 
+    if (options.max_memory_gib < 0) return invalid_argument("max_memory_gib must be >= 0 (0: no budget)");
+    if (options.max_memory_gib > 0) {
+      KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_dir.dir, kKleinTextLayersNeeded, m->dit_dir.dir,
+                                                              m->vae_dir.dir));
+      m->sizes = sizes;
+    }
     if (options.memory == MemoryPolicy::kResident) {
       KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_dir.dir, kKleinTextLayersNeeded, *m->engine->backend));
       KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_dir.dir, *m->engine->backend));
@@ -259,6 +302,7 @@ Result<PromptEmbeddings> Model::encode_prompt(const std::string& prompt, const E
     Dumper dumper(options.dump.dir, options.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_RETURN_IF_ERROR(impl_->plan_request(16, 16, 0, cb.log));  // the encode phase is what counts
     KLEIN_ASSIGN_OR_RETURN(auto enc, impl_->encode_prompt(prompt, options.max_length, ctx));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     PromptEmbeddings r;
@@ -282,6 +326,13 @@ Result<ReferenceLatents> Model::encode_references(const std::vector<std::string>
     KLEIN_ASSIGN_OR_RETURN(auto prepared, prepare_references(paths));
     ReferenceLatents r;
     if (prepared.empty()) return r;
+    {  // the largest reference sets the VAE's tiles
+      int w = 16, h = 16;
+      for (const auto& p : prepared)
+        if (p.pixels.dim(2) * p.pixels.dim(3) > int64_t{w} * h)
+          w = static_cast<int>(p.pixels.dim(3)), h = static_cast<int>(p.pixels.dim(2));
+      KLEIN_RETURN_IF_ERROR(impl_->plan_request(w, h, 0, cb.log));
+    }
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
     KLEIN_ASSIGN_OR_RETURN(auto latents, encode_reference_latents(*vae, prepared, ctx, impl_->vae_tiling()));
     for (size_t i = 0; i < latents.size(); ++i) {
@@ -312,6 +363,9 @@ Result<Latents> Model::denoise(const PromptEmbeddings& prompt, const ReferenceLa
     Dumper dumper(p.dump.dir, p.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    int64_t ref_tokens = 0;
+    for (const Tensor& t : refs) ref_tokens += t.dim(2) * t.dim(3);
+    KLEIN_RETURN_IF_ERROR(impl_->plan_request(g.width, g.height, ref_tokens, cb.log));
     KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, refs, g, std::move(noise), ctx, cb.preview));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     Latents r;
@@ -330,6 +384,7 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     Dumper dumper(dump.dir, dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
+    KLEIN_RETURN_IF_ERROR(impl_->plan_request(static_cast<int>(z.dim(3) * 16), static_cast<int>(z.dim(2) * 16), 0, cb.log));
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
     KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, impl_->vae_tiling()));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
@@ -365,6 +420,10 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     }
     KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&given, req.noise_npy, g.width, g.height, req.seed, req.bf16_noise));
     given = {};
+    // With a memory budget: the plan, or the size this request needs, before any model work.
+    int64_t ref_tokens = 0;
+    for (const auto& p : prepared) ref_tokens += (p.pixels.dim(2) / 16) * (p.pixels.dim(3) / 16);
+    KLEIN_RETURN_IF_ERROR(m.plan_request(g.width, g.height, ref_tokens, cb.log));
 
     Dumper dumper(req.dump.dir, req.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/components.h"
+#include "api/memory_needs.h"
 #include "io/model_folder.h"
 #include "klein/klein.h"
 #include "pipeline/prompt_encoder.h"
@@ -39,6 +40,10 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   std::shared_ptr<const Flux2Transformer> dit;
   std::shared_ptr<const Flux2Vae> vae;
 
+  // With a memory budget: the weights' sizes (measured at open) and the running request's plan.
+  std::optional<api::WeightSizes> sizes;
+  std::optional<api::MemoryPlan> plan;
+
   // One request at a time: the thread pool and the models' scratch are not reentrant.
   std::mutex mu;
 
@@ -46,7 +51,10 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   Result<std::shared_ptr<const Qwen3Encoder>> text_encoder();
   Result<std::shared_ptr<const Flux2Transformer>> transformer(const RunContext& ctx);
   Result<std::shared_ptr<const Flux2Vae>> vae_model();
-  // The VAE's tiling from the load options.
+  // With a budget: plans a request of this size (or fails with what it needs) before any work;
+  // the plan is noted through `log`. Without one: clears the plan.
+  Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log);
+  // The VAE's tiling from the load options (and the plan).
   VaeTiling vae_tiling() const;
 
   // Resolves the output size (0: the first reference's, else 1024; floored to multiples of 16

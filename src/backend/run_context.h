@@ -19,6 +19,10 @@ struct RunContext {
   std::function<void(const std::string& phase, int done, int total)> progress;
   // Polled between layers/steps; returning true aborts the run with Code::kCancelled.
   std::function<bool()> should_cancel;
+  // Called before block i of a model that runs in blocks (the text encoder's layers; the
+  // transformer's double then single blocks, numbered on), so the caller can stream that
+  // model's weights (api/residency.h); the models themselves do no I/O.
+  std::function<void(int block)> on_block;
 
   Backend& be() const { return *backend; }
   bool wants_dump(const std::string& name) const { return dumper && dumper->wants(name); }
@@ -28,6 +32,9 @@ struct RunContext {
   Status check_cancel(const std::string& where) const {
     if (should_cancel && should_cancel()) return cancelled("cancelled during " + where);
     return Status::Ok();
+  }
+  void enter_block(int i) const {
+    if (on_block) on_block(i);
   }
   void report(const std::string& phase, int done, int total) const {
     if (progress) progress(phase, done, total);

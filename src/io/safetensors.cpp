@@ -47,6 +47,18 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const fs::path& path) {
   return m;
 }
 
+bool MappedFile::advise(const void* p, size_t n, Residency r) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (!data_ || n == 0 || b < data_ || b + n > data_ + size_) return false;
+  // Whole pages: rounding outwards may touch a neighbour tensor's page, which costs at most a
+  // refault (read-only private file mapping) and never changes data.
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(b) / page * page;
+  const uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(data_ + size_), reinterpret_cast<uintptr_t>(b + n));
+  madvise(reinterpret_cast<void*>(lo), hi - lo, r == Residency::kWillNeed ? MADV_WILLNEED : MADV_DONTNEED);
+  return true;
+}
+
 MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<uint8_t*>(data_), size_);
 }
@@ -221,6 +233,11 @@ const std::string& WeightStore::file_of(const std::string& name) const {
   static const std::string kNone;
   auto it = tensors_.find(name);
   return it == tensors_.end() ? kNone : file_names_[it->second.file_index];
+}
+
+void WeightStore::advise(const void* p, size_t n, Residency r) const {
+  for (const auto& f : files_)
+    if (f->advise(p, n, r)) return;
 }
 
 size_t WeightStore::total_bytes() const {

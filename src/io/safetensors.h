@@ -21,6 +21,12 @@
 
 namespace klein {
 
+// What a caller will do with mapped bytes soon: a hint to the OS, never a correctness matter.
+enum class Residency {
+  kWillNeed,  // read ahead into the page cache (not this process's RSS until touched)
+  kDontNeed,  // drop this process's pages (RSS); the next touch refaults them from the file
+};
+
 // A read-only memory mapping of a whole file.
 class MappedFile {
  public:
@@ -29,6 +35,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Advises the kernel about the pages covering [p, p + n) when they lie in this mapping
+  // (returns false and does nothing otherwise). The mapping is read-only and private, so
+  // dropping pages loses nothing: they are read again from the file when touched.
+  bool advise(const void* p, size_t n, Residency r) const;
 
  private:
   MappedFile() = default;
@@ -64,6 +74,8 @@ class WeightStore {
   const std::vector<std::string>& files() const { return file_names_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t total_bytes() const;
+  // MappedFile::advise on the file whose mapping holds [p, p + n); nothing for other memory.
+  void advise(const void* p, size_t n, Residency r) const;
   // Where the store came from (for messages).
   const std::string& origin() const { return origin_; }
 

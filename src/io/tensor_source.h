@@ -37,6 +37,10 @@ class TensorSource {
   virtual const std::string& origin() const = 0;
   // Bytes of all stored tensors, companions included.
   virtual size_t total_bytes() const = 0;
+  // A hint about the stored bytes [p, p + n) (a Weight's data or scales): prefetch them or drop
+  // them from this process's memory. Bytes the source does not map (owned copies) are left
+  // alone, so callers may pass any weight. Streaming residency (api/residency.h) uses it.
+  virtual void advise(const void* /*p*/, size_t /*n*/, Residency /*r*/) const {}
 };
 
 // One or several safetensors files (see WeightStore::open for the accepted paths). Resolves:
@@ -54,6 +58,7 @@ class SafetensorsSource final : public TensorSource {
   std::string file_of(const std::string& name) const override;
   const std::string& origin() const override { return store_.origin(); }
   size_t total_bytes() const override { return store_.total_bytes(); }
+  void advise(const void* p, size_t n, Residency r) const override { store_.advise(p, n, r); }
 
   const WeightStore& store() const { return store_; }
 

@@ -241,4 +241,19 @@ Status Flux2Transformer::for_each_weight(const std::function<Status(Weight&)>& f
   return Status::Ok();
 }
 
+int Flux2Transformer::num_blocks() const { return static_cast<int>(double_.size() + single_.size()); }
+
+void Flux2Transformer::for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const {
+  if (i < 0 || i >= num_blocks()) return;
+  if (static_cast<size_t>(i) < double_.size()) {
+    const DoubleBlock& b = double_[i];
+    for (const Weight* w : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.add_q, &b.add_k, &b.add_v, &b.to_add_out,
+                            &b.ff_in, &b.ff_out, &b.ffc_in, &b.ffc_out})
+      fn(*w);
+    return;
+  }
+  const SingleBlock& b = single_[i - double_.size()];
+  for (const Weight* w : {&b.qkv_mlp, &b.to_out}) fn(*w);
+}
+
 }  // namespace klein

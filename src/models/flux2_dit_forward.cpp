@@ -262,10 +262,12 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   // ---- 5./6. double-stream blocks, then single-stream blocks on h = [text; image]
   for (size_t bi = 0; bi < double_.size(); ++bi) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("the transformer"));
+    ctx.enter_block(static_cast<int>(bi));
     KLEIN_RETURN_IF_ERROR(double_block(bi, st, ctx));
   }
   for (size_t bi = 0; bi < single_.size(); ++bi) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("the transformer"));
+    ctx.enter_block(static_cast<int>(double_.size() + bi));
     KLEIN_RETURN_IF_ERROR(single_block(bi, st, ctx));
   }
 

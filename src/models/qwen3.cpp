@@ -140,4 +140,14 @@ Status Qwen3Encoder::for_each_weight(const std::function<Status(Weight&)>& fn) {
   return Status::Ok();
 }
 
+int Qwen3Encoder::num_blocks() const { return loaded_layers(); }
+
+void Qwen3Encoder::for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const {
+  if (i < 0 || i >= num_blocks()) return;
+  const Layer& L = layers_[i];
+  for (const Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
+                          &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+    fn(*w);
+}
+
 }  // namespace klein

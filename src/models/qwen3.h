@@ -49,6 +49,13 @@ class Qwen3Encoder {
   // Calls fn on every weight the model holds (empty optional ones included), stopping at the
   // first error: weight preparation for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Blocks in run order (the loaded layers) and the weights of one of them: what a
+  // caller streams between RunContext::on_block calls. Weights outside every block (embeddings,
+  // modulations, projections) stay resident.
+  int num_blocks() const;
+  void for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const;
+  // Where the weights are stored (for residency hints).
+  const TensorSource& source() const { return *source_; }
   // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
   Status prepare(Backend& be) {
     return for_each_weight([&](Weight& w) { return w.empty() ? Status::Ok() : be.prepare_weight(w); });

@@ -130,6 +130,7 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
   KLEIN_ASSIGN_OR_RETURN(b.sin, be.upload(sinv.data(), {L, half}, "RoPE sin"));
   for (int i = 0; i < max_tap; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("text encoding"));
+    ctx.enter_block(i);
     KLEIN_RETURN_IF_ERROR(layer(i, x, b, amask, ctx));
     if (i + 1 == c.num_layers && !final_norm_f32_.empty()) {
       // hidden_states[num_layers] is the final-normed state in transformers.

@@ -1,6 +1,7 @@
 // `klein generate`: prompt -> PNG.
 #include <chrono>
 #include <cstdio>
+#include <sys/resource.h>
 #include <filesystem>
 #include <memory>
 
@@ -25,6 +26,7 @@ Command make_generate_command() {
         memory = "low", isa, precision = "fp32", seed = "0";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
+    double max_memory = 0;
     bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
@@ -61,6 +63,10 @@ Command make_generate_command() {
                   "Decode/encode with the VAE in seamless tiles of N image pixels (a multiple of 8; same image, less "
                   "memory). Default: automatic, tiles only very large images")
         ->check(CLI::Range(8, 8192));
+    s->add_option("--max-memory", o->max_memory,
+                  "Memory budget in GiB: plan the run to stay under it (stream the text encoder and transformer "
+                  "block by block, tile the VAE), or fail at once with what it needs. Default: no budget")
+        ->check(CLI::Range(0.0, 1e6));
     s->add_option("--preview", o->preview,
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
@@ -103,6 +109,7 @@ Command make_generate_command() {
     lo.memory = o->memory == "resident" ? MemoryPolicy::kResident : MemoryPolicy::kLow;
     lo.isa = o->isa;
     lo.vae_tile = o->vae_tile;
+    lo.max_memory_gib = o->max_memory;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     GenerateRequest g;
     g.prompt = prompt;
@@ -117,7 +124,9 @@ Command make_generate_command() {
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();
-    cb.log = [](const std::string& m) { std::fprintf(stderr, "warning: %s\n", m.c_str()); };
+    cb.log = [](const std::string& m) {
+      std::fprintf(stderr, "%s%s\n", m.starts_with("memory plan:") ? "" : "warning: ", m.c_str());
+    };
     if (!o->preview.empty()) {
       // save_png writes a temporary file and renames it, so a viewer never sees a partial file.
       cb.preview = [o](int step, int total, const Image& img) {
@@ -142,6 +151,11 @@ Command make_generate_command() {
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       std::fprintf(stderr, "wrote %s (%dx%d, %d steps)\n", o->out.c_str(), r->width, r->height, r->steps);
     }
+    // Always (even --quiet): what the run cost, for memory budgets and benchmarks.
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    std::fprintf(stderr, "peak RSS %.2f GiB, %.1f s\n", static_cast<double>(ru.ru_maxrss) / (1 << 20),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return 0;
   };
   return c;

@@ -26,7 +26,7 @@ Command make_serve_command() {
     s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
         ->check(CLI::Range(0, 100000));
     s->add_option("--max-memory", o->max_memory_gib,
-                  "Memory budget in GiB (accepted for forward compatibility; not enforced yet)")
+                  "Memory budget in GiB per request (as klein generate --max-memory: streamed weights, tiled VAE; a request that cannot fit fails at once). Default: no budget")
         ->check(CLI::Range(0.0, 1e6));
     s->add_option("--api-key", o->s.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/ requests (default: KLEIN_API_KEY if set, else none)");
@@ -51,13 +51,12 @@ Command make_serve_command() {
     so.queue.load.memory = o->memory == "low" ? MemoryPolicy::kLow : MemoryPolicy::kResident;
     so.queue.load.isa = o->isa;
     so.queue.load.vae_tile = o->vae_tile;
+    so.queue.load.max_memory_gib = o->max_memory_gib;
     so.queue.load.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     so.queue.test_load_delay_ms = o->load_delay_ms;
     so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
     if (so.api_key.empty())
       if (const char* k = std::getenv("KLEIN_API_KEY")) so.api_key = k;
-    if (o->max_memory_gib > 0)
-      std::fprintf(stderr, "note: --max-memory %.1f GiB is accepted but not enforced yet\n", o->max_memory_gib);
     if (o->model.empty())
       std::fprintf(stderr, "note: no --model given; serving the tiny random-weight test model (%s): images are noise\n",
                    so.queue.model_dir.c_str());

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/scratch.h"
 
 namespace klein::kernels::avx2 {
 
@@ -231,11 +232,15 @@ struct Scratch {
       std::free(p);
       const size_t bytes = (need * sizeof(float) + 63) / 64 * 64;
       p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      note_scratch_bytes(static_cast<int64_t>(need) - static_cast<int64_t>(n));  // counted for memory budgets
       n = need;
     }
     return p;
   }
-  ~Scratch() { std::free(p); }
+  ~Scratch() {
+    std::free(p);
+    note_scratch_bytes(-static_cast<int64_t>(n));
+  }
 };
 
 }  // namespace klein::kernels::avx2

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "core/thread_pool.h"
+#include "kernels/scratch.h"
 
 namespace klein::kernels {
 namespace {
@@ -47,11 +48,15 @@ struct UnitScratch {
     if (need > n) {
       std::free(p);
       p = std::aligned_alloc(64, need);
+      note_scratch_bytes(static_cast<int64_t>(need) - static_cast<int64_t>(n));  // counted for memory budgets
       n = need;
     }
     return static_cast<T*>(p);
   }
-  ~UnitScratch() { std::free(p); }
+  ~UnitScratch() {
+    std::free(p);
+    note_scratch_bytes(-static_cast<int64_t>(n));
+  }
 };
 
 // Runs block(m0, m1, n0, n1) over a partition of the [M, N] output among the pool's threads, as

@@ -1,0 +1,42 @@
+// Estimates what a request needs (api/memory_plan.h's MemoryNeeds) from the models' weights
+// (sizes read once at open, per block) and the request's shapes.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include "api/memory_plan.h"
+#include "models/flux2_dit.h"
+#include "models/flux2_vae.h"
+#include "models/qwen3.h"
+
+namespace klein::api {
+
+// The weights' sizes, measured once (mapping the files, touching no tensor data).
+struct WeightSizes {
+  BlockedWeights te, dit;        // te.outside without the embedding table
+  uint64_t te_embed_row = 0;     // bytes of one embedding row (only the prompt's rows are read)
+  uint64_t te_embed_total = 0;
+  uint64_t vae = 0;
+  bool converts = false;         // a weight format the GEMM expands to f32 per slab
+};
+Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_layers,
+                                    const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir);
+// Pure helpers behind measure_weights (exposed for tests).
+BlockedWeights blocked_weights(Flux2Transformer& m);
+BlockedWeights blocked_weights(Qwen3Encoder& m, uint64_t* embed_row, uint64_t* embed_total);
+
+struct RequestShape {
+  int64_t width = 0, height = 0;  // output pixels
+  int64_t text_tokens = 512;
+  int64_t ref_tokens = 0;         // reference image tokens (editing)
+  int threads = 1;
+  bool editing = false;
+};
+MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Flux2Config& dit,
+                           const Flux2VaeConfig& vae, const RequestShape& r);
+
+// This process's resident set now (/proc/self/statm), 0 when unknown.
+uint64_t process_rss_bytes();
+
+}  // namespace klein::api

@@ -1,0 +1,34 @@
+#include "kernels/scratch.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace klein::kernels {
+
+namespace {
+std::atomic<int64_t> g_scratch{0};
+}  // namespace
+
+uint64_t scratch_bytes() { return static_cast<uint64_t>(std::max<int64_t>(0, g_scratch.load())); }
+void note_scratch_bytes(int64_t delta) { g_scratch.fetch_add(delta, std::memory_order_relaxed); }
+
+uint64_t scratch_bytes_per_thread(const ScratchShape& s) {
+  // The blocking constants of src/kernels/cpu (kKC = kNC = 256 for every GEMM family, attention
+  // query blocks of ≤ 192 and key blocks of 96, conv strips of 4 output rows and 256-pixel
+  // tasks); the bound takes the largest of each, as floats.
+  constexpr uint64_t kKC = 256, kNC = 256, kBQ = 192, kBK = 96, kStripRows = 4, kNB = 256;
+  const uint64_t k = static_cast<uint64_t>(std::max<int64_t>(s.max_k, 0));
+  uint64_t floats = kKC * kNC + k;                  // packed W slice + one converted row (gemv, bf16)
+  if (s.converts_weights) floats += kNC * k;        // a slab of weight rows expanded to f32
+  floats *= 2;                                      // the int8 / AVX-512 families keep their own copies
+  if (s.attn_head_dim > 0) {
+    const uint64_t dp = (static_cast<uint64_t>(s.attn_head_dim) + 15) / 16 * 16;
+    floats += 2 * kBQ * dp + kBK * kBQ + kBK * dp + 3 * kBQ + kBK;
+  }
+  if (s.conv_cin > 0)
+    floats += static_cast<uint64_t>(s.conv_cin) * (kStripRows + 2) * (static_cast<uint64_t>(s.conv_width) + 34) +
+              kNB * kKC + static_cast<uint64_t>(s.conv_cin) * 9 * kNB;
+  return floats * sizeof(float);
+}
+
+}  // namespace klein::kernels

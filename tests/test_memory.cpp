@@ -1,0 +1,215 @@
+// The memory budget (LoadOptions::max_memory_gib): the planner's choices for synthetic sizes,
+// a budget too small failing before any work, streamed runs giving the same image, and the
+// residency hint that streaming relies on (MADV_DONTNEED releasing a mapping's pages).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <vector>
+
+#include "api/memory_plan.h"
+#include "api/memory_needs.h"
+#include "io/safetensors.h"
+#include "kernels/scratch.h"
+#include "klein/klein.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using klein::api::MemoryNeeds;
+using klein::api::MemoryPlan;
+using klein::api::plan_memory;
+
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20, kGiB = uint64_t{1} << 30;
+
+// Roughly klein 4B in bf16 at 1024²: a 5 GiB text encoder in 27 blocks, an 8 GiB transformer
+// in 25 blocks, a 160 MiB VAE whose whole-image decode needs 3 GiB.
+MemoryNeeds synthetic() {
+  MemoryNeeds n;
+  n.base = 100 * kMiB;
+  n.scratch = 40 * kMiB;
+  n.te = {5 * kGiB, 200 * kMiB, 10 * kMiB};
+  n.dit = {8 * kGiB, 480 * kMiB, 400 * kMiB};
+  n.te_activations = 100 * kMiB;
+  n.dit_activations = 900 * kMiB;
+  n.vae_weights = 160 * kMiB;
+  n.vae_whole = 3 * kGiB;
+  n.vae_tiled = [](int64_t tile) { return static_cast<uint64_t>(tile) * static_cast<uint64_t>(tile) * 3000 + 100 * kMiB; };
+  return n;
+}
+
+std::string tiny() { return klein::testing::tiny_model_dir().string(); }
+
+klein::GenerateRequest small_request() {
+  klein::GenerateRequest r;
+  r.prompt = "a red fox";
+  r.width = 48;
+  r.height = 32;
+  r.steps = 2;
+  r.seed = 7;
+  return r;
+}
+
+std::vector<uint8_t> png_of(const klein::Image& img) {
+  auto r = klein::encode_image(img, klein::ImageFileFormat::kPng);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : std::vector<uint8_t>{};
+}
+
+}  // namespace
+
+TEST(MemoryPlan, AmpleBudgetKeepsEverythingWhole) {
+  auto p = plan_memory(synthetic(), 16 * kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_FALSE(p->stream_te);
+  EXPECT_FALSE(p->stream_dit);
+  EXPECT_EQ(p->vae_tile, 0);
+  EXPECT_LE(p->peak(), 16 * kGiB);
+}
+
+TEST(MemoryPlan, MiddleBudgetStreamsWhatDoesNotFit) {
+  // 9.5 GiB: the transformer's phase (8 GiB + activations) fits, so nothing streams; 6 GiB: only
+  // the transformer is too big; 4 GiB: the 5 GiB text encoder too.
+  auto only_dit = plan_memory(synthetic(), 6 * kGiB);
+  ASSERT_TRUE(only_dit.ok()) << only_dit.status().to_string();
+  EXPECT_FALSE(only_dit->stream_te);
+  EXPECT_TRUE(only_dit->stream_dit);
+  auto whole = plan_memory(synthetic(), 9728 * kMiB);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_FALSE(whole->stream_te);
+  EXPECT_FALSE(whole->stream_dit);
+  auto p = plan_memory(synthetic(), 4 * kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->stream_te);
+  EXPECT_TRUE(p->stream_dit);
+  EXPECT_EQ(p->vae_tile, 0);  // 3 GiB + weights fit under 4 GiB
+}
+
+TEST(MemoryPlan, ResidentPolicyCountsEarlierPhases) {
+  MemoryNeeds n = synthetic();
+  n.resident = true;
+  // 5 GiB text encoder kept while the 8 GiB transformer runs: streaming the encoder alone frees
+  // enough at 10 GiB.
+  auto p = plan_memory(n, 10 * kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->stream_te);
+  EXPECT_FALSE(p->stream_dit);
+}
+
+TEST(MemoryPlan, SmallBudgetTilesTheVaeAndKeepsUnderIt) {
+  for (double g : {2.0, 1.95, 1.9}) {
+    const uint64_t budget = static_cast<uint64_t>(g * kGiB);
+    auto p = plan_memory(synthetic(), budget);
+    ASSERT_TRUE(p.ok()) << g << ": " << p.status().to_string();
+    EXPECT_TRUE(p->stream_te && p->stream_dit) << g;
+    EXPECT_GT(p->vae_tile, 0) << g;
+    EXPECT_LE(p->peak(), budget) << g;
+    EXPECT_LE(p->vae_keep_bytes, 256 * kMiB);
+  }
+  auto a = plan_memory(synthetic(), 2 * kGiB), b = plan_memory(synthetic(), 1536 * kMiB + 600 * kMiB);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_GE(b->vae_tile, a->vae_tile);  // more budget, tiles no smaller
+}
+
+TEST(MemoryPlan, ForcedTileIsKept) {
+  MemoryNeeds n = synthetic();
+  n.vae_forced_tile = 256;
+  auto p = plan_memory(n, 16 * kGiB);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->vae_tile, 256);
+  n.vae_forced_tile = -1;  // never tile: a budget below the whole-image decode cannot be met
+  auto q = plan_memory(n, 2 * kGiB);
+  EXPECT_EQ(q.status().code(), klein::Code::kOutOfMemory);
+}
+
+TEST(MemoryPlan, TooSmallSaysWhatItNeeds) {
+  auto p = plan_memory(synthetic(), kGiB);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), klein::Code::kOutOfMemory);
+  const std::string m = p.status().message();
+  EXPECT_NE(m.find("--max-memory 1.00: this request needs at least 1."), std::string::npos) << m;
+  EXPECT_NE(m.find("denoise"), std::string::npos) << m;  // the transformer phase is the tightest
+  EXPECT_EQ(m.find('\n'), std::string::npos);
+}
+
+TEST(MemoryPlan, ScratchBoundGrowsWithShapes) {
+  klein::kernels::ScratchShape s;
+  s.max_k = 12288;
+  const uint64_t plain = klein::kernels::scratch_bytes_per_thread(s);
+  s.converts_weights = true;
+  EXPECT_GT(klein::kernels::scratch_bytes_per_thread(s), plain + 256 * 12288 * 4);
+  s.conv_cin = 512;
+  s.conv_width = 1024;
+  EXPECT_GT(klein::kernels::scratch_bytes_per_thread(s), 512u * 6 * 1024 * 4);
+}
+
+TEST(MemoryBudget, TooSmallFailsBeforeAnyWork) {
+  klein::LoadOptions lo;
+  lo.threads = 2;
+  lo.max_memory_gib = 0.001;
+  auto m = klein::Model::open(tiny(), lo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  int events = 0;
+  klein::Callbacks cb;
+  cb.progress = [&](const std::string&, int, int) { ++events; };
+  auto r = (*m)->generate(small_request(), cb);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), klein::Code::kOutOfMemory);
+  EXPECT_NE(r.status().message().find("--max-memory 0.00: this request needs at least "), std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(events, 0);  // not even tokenized
+}
+
+TEST(MemoryBudget, StreamedRunGivesTheSameImage) {
+  klein::LoadOptions lo;
+  lo.threads = 2;
+  auto plain = klein::Model::open(tiny(), lo);
+  ASSERT_TRUE(plain.ok());
+  auto a = (*plain)->generate(small_request());
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+
+  for (auto policy : {klein::MemoryPolicy::kLow, klein::MemoryPolicy::kResident}) {
+    lo.memory = policy;
+    lo.max_memory_gib = 64;
+    int planned = 0;
+    klein::api::set_plan_adjuster([&](MemoryPlan& p) {
+      p.stream_te = p.stream_dit = true;  // (the tiled VAE equals the whole one to rounding, not bits)
+      ++planned;
+    });
+    auto budgeted = klein::Model::open(tiny(), lo);
+    ASSERT_TRUE(budgeted.ok());
+    std::string plan_line;
+    klein::Callbacks cb;
+    cb.log = [&](const std::string& s) { plan_line = s; };
+    auto b = (*budgeted)->generate(small_request(), cb);
+    klein::api::set_plan_adjuster({});
+    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_EQ(planned, 1);
+    EXPECT_NE(plan_line.find("text encoder streamed, transformer streamed, VAE whole image"), std::string::npos)
+        << plan_line;
+    EXPECT_EQ(png_of(a->image), png_of(b->image));  // byte-identical PNG
+  }
+}
+
+TEST(MemoryBudget, DontNeedReleasesMappedPages) {
+  const fs::path f = klein::testing::make_temp_dir("memory") / "madvise.bin";
+  const size_t n = size_t{64} << 20;
+  {
+    std::ofstream o(f, std::ios::binary);
+    std::vector<char> chunk(1 << 20, 1);
+    for (size_t i = 0; i < n; i += chunk.size()) o.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  }
+  auto m = klein::MappedFile::open(f);
+  ASSERT_TRUE(m.ok());
+  const uint64_t before = klein::api::process_rss_bytes();
+  volatile uint64_t sum = 0;
+  for (size_t i = 0; i < n; i += 4096) sum = sum + (*m)->data()[i];
+  const uint64_t touched = klein::api::process_rss_bytes();
+  EXPECT_GT(touched, before + (n * 3 / 4));
+  EXPECT_TRUE((*m)->advise((*m)->data(), n, klein::Residency::kDontNeed));
+  EXPECT_LT(klein::api::process_rss_bytes(), touched - (n * 3 / 4));
+  const uint64_t elsewhere = 0;
+  EXPECT_FALSE((*m)->advise(&elsewhere, 8, klein::Residency::kDontNeed));  // not in the mapping: left alone
+  for (size_t i = 0; i < n; i += 4096) sum = sum + (*m)->data()[i];  // refaults the same bytes
+  EXPECT_EQ(sum, 2 * (n / 4096));
+}
