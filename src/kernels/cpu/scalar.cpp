@@ -5,24 +5,9 @@
 
 namespace klein::kernels::scalar {
 
-void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
-            ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  Weight b;  // the f32 bias as a Weight view, the form ref::linear takes
-  if (bias_f32) {
-    b.name = W.name + ".bias";
-    b.dtype = DType::kF32;
-    b.shape = {W.rows()};
-    b.data = bias_f32;
-    b.nbytes = static_cast<size_t>(W.rows()) * sizeof(float);
-  }
-  // ref::linear expands each weight row once per call: ≥ 16 rows of x per call amortise it.
-  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-    ref::linear(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
-  }, 16);
-}
-
-void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
-                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
+namespace {
+// The f32 bias as a Weight view (empty without one): the form the references take.
+Weight bias_view(const Weight& W, const float* bias_f32) {
   Weight b;
   if (bias_f32) {
     b.name = W.name + ".bias";
@@ -31,6 +16,22 @@ void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const fl
     b.data = bias_f32;
     b.nbytes = static_cast<size_t>(W.rows()) * sizeof(float);
   }
+  return b;
+}
+}  // namespace
+
+void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const Weight b = bias_view(W, bias_f32);
+  // ref::linear expands each weight row once per call: ≥ 16 rows of x per call amortise it.
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    ref::linear(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
+  }, 16);
+}
+
+void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const Weight b = bias_view(W, bias_f32);
   // Rows are quantized independently, so splitting M changes nothing.
   pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     ref::linear_w8a8(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
