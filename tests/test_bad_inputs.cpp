@@ -225,6 +225,27 @@ std::vector<Case> cases() {
   add("NoiseFortran", 1, "n.npy", [=](const Ctx& x) { return noise(x, "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 128, 2, 2), }", f32x512); });
   add("NoiseComplex", 1, "n.npy", [=](const Ctx& x) { return noise(x, "{'descr': '<c8', 'fortran_order': False, 'shape': (1, 128, 2, 2), }", f32x512 + f32x512); });
   add("NoiseShapeLetters", 1, "n.npy", [=](const Ctx& x) { return noise(x, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, x), }", f32x512); });
+  // ---- klein decode: latents from a .npy
+  auto decode = [](const Ctx& x, const std::string& dict, const std::string& data) {
+    write_raw_npy(x.dir / "z.npy", dict, data);
+    return "decode --model " + q(x.model) + " -q --latents " + q(x.dir / "z.npy") + " -o " + q(x.out);
+  };
+  add("DecodeLatentsMissing", 1, "none.npy", [](const Ctx& x) { return "decode --model " + q(x.model) + " -q --latents " + q(x.dir / "none.npy") + " -o " + q(x.out); });
+  add("DecodeLatentsWrongChannels", 2, "z.npy", [=](const Ctx& x) { return decode(x, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 32, 4, 4), }", f32x512); });
+  add("DecodeLatentsNaN", 2, "z.npy", [=](const Ctx& x) {
+    std::string d = f32x512;
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(d.data() + 44, &inf, 4);
+    return decode(x, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 128, 2, 2), }", d);
+  });
+  add("DecodeOutIsLatents", 2, "-o", [=](const Ctx& x) {
+    write_raw_npy(x.dir / "out" / "z.png", "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 128, 2, 2), }", f32x512);
+    return "decode --model " + q(x.model) + " -q --latents " + q(x.dir / "out" / "z.png") + " -o " + q(x.dir / "out" / "z.png");
+  });
+  add("DecodeVaeNaN", 1, "'decoder.conv_out.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kVae), "decoder.conv_out.weight", 7, kBf16NaN);
+    return decode(x, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 128, 2, 2), }", f32x512);
+  });
   // ---- options
   add("SeedNegative", 2, "--seed", [](const Ctx& x) { return x.gen("--seed -1"); });
   add("SeedTwoTo64", 2, "--seed", [](const Ctx& x) { return x.gen("--seed 18446744073709551616"); });

@@ -272,6 +272,9 @@ KLEIN_API Result<Image> decode_image(const std::vector<uint8_t>& data, const std
 
 // Writes a float32 C-order .npy atomically, as save_png does. data.size() must match shape.
 KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
+// Reads a .npy (format 1.0/2.0, little-endian, C order; float32/64/16, int, uint8, bool) as
+// float32: e.g. latents dumped by `--dump` (latents_stepN.npy) for Model::decode.
+KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 
 // `klein quantize`: a model folder rewritten with low-bit weights, same diffusers layout, that
 // Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +

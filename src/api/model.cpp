@@ -1,5 +1,6 @@
 // klein::Model: open once, run many requests. Every public body runs under api::guarded, so no
 // exception crosses the API.
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -381,6 +382,10 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     KLEIN_ASSIGN_OR_RETURN(Tensor z, to_tensor(latents, "latents"));
     if (z.shape().size() != 4 || z.dim(0) != 1 || z.dim(1) != 128)
       return invalid_argument("latents: shape " + shape_str(z.shape()) + ", expected [1, 128, H/16, W/16]");
+    // Caller-given latents (e.g. a .npy): a NaN here is the input's fault, not the VAE's weights'.
+    for (int64_t i = 0; i < z.numel(); ++i)
+      if (!std::isfinite(z.data()[i]))
+        return invalid_argument("latents: non-finite value at flat index " + std::to_string(i));
     Dumper dumper(dump.dir, dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);

@@ -57,4 +57,14 @@ Status save_npy(const std::string& path, const std::vector<int64_t>& shape, cons
   });
 }
 
+Result<FloatArray> load_npy(const std::string& path) {
+  return api::guarded("load_npy", [&]() -> Result<FloatArray> {
+    KLEIN_ASSIGN_OR_RETURN(NpyArray arr, read_npy(path));
+    FloatArray out;
+    out.shape.assign(arr.shape.begin(), arr.shape.end());
+    out.data = arr.to_f32();
+    return out;
+  });
+}
+
 }  // namespace klein

@@ -27,4 +27,5 @@ Command make_generate_command();
 Command make_serve_command();  // tools/server/cmd_serve.cpp
 Command make_quantize_command();
 Command make_compare_command();
+Command make_decode_command();
 }  // namespace klein::cli
