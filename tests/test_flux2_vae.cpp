@@ -372,7 +372,8 @@ TEST(Latents, NormalizeRoundTrip) {
 // ------------------------------------------------------------------------------------------
 // Tiled decode / encode: equal to the whole-image pass (≤ 1e-5 relative) at tile sizes that
 // divide the image and ones that do not, with every activation kept whole between the
-// statistics passes (the default budget on this tiny model) and with none (pure recompute).
+// statistics passes (the default budget on this tiny model), with none kept in memory but all
+// spilled to a temporary file, and with none at all (pure recompute).
 // ------------------------------------------------------------------------------------------
 namespace klein {
 namespace {
@@ -390,11 +391,13 @@ TEST(Flux2VaeTiled, DecodeEqualsWholeImage) {
   ASSERT_TRUE(whole.ok()) << whole.status().to_string();
   for (int64_t tile : {8, 16, 24, 40, 64}) {
     for (uint64_t keep : {uint64_t{256} << 20, uint64_t{0}}) {
-      VaeTiling t{.tile = tile, .keep_bytes = keep};
-      EXPECT_EQ(vae.tile_size(56, 40, t, true), tile);
-      auto tiled = vae.decode(z, ctx, t);
-      ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
-      EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep;
+      for (bool spill : {true, false}) {
+        VaeTiling t{.tile = tile, .keep_bytes = keep, .spill = spill};
+        EXPECT_EQ(vae.tile_size(56, 40, t, true), tile);
+        auto tiled = vae.decode(z, ctx, t);
+        ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
+        EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep << " spill " << spill;
+      }
     }
   }
 }
@@ -412,11 +415,29 @@ TEST(Flux2VaeTiled, EncodeEqualsWholeImage) {
   ASSERT_TRUE(whole.ok()) << whole.status().to_string();
   for (int64_t tile : {8, 16, 24, 40}) {
     for (uint64_t keep : {uint64_t{256} << 20, uint64_t{0}}) {
-      auto tiled = vae.encode_mean(img, ctx, VaeTiling{.tile = tile, .keep_bytes = keep});
-      ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
-      EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep;
+      for (bool spill : {true, false}) {
+        auto tiled = vae.encode_mean(img, ctx, VaeTiling{.tile = tile, .keep_bytes = keep, .spill = spill});
+        ASSERT_TRUE(tiled.ok()) << tiled.status().to_string();
+        EXPECT_LE(rel_err(*tiled, *whole), 1e-5) << "tile " << tile << " keep " << keep << " spill " << spill;
+      }
     }
   }
+}
+
+// With nothing kept in memory the activations go to the spill folder; one that cannot be
+// written is an error naming it (so the spill path above really ran), never a wrong image.
+TEST(Flux2VaeTiled, SpillFolderIsUsedAndNamed) {
+  const Flux2Vae& vae = tiny_vae();
+  CpuBackend pool(CpuBackendOptions{1});
+  RunContext ctx;
+  ctx.backend = &pool;
+  Tensor z({1, 32, 4, 4});
+  const std::string nowhere = "/nonexistent-klein-spill-dir";
+  auto r = vae.decode(z, ctx, VaeTiling{.tile = 16, .keep_bytes = 0, .spill = true, .spill_dir = nowhere});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(nowhere), std::string::npos) << r.status().to_string();
+  // Kept in memory: the folder is never touched.
+  EXPECT_TRUE(vae.decode(z, ctx, VaeTiling{.tile = 16, .spill = true, .spill_dir = nowhere}).ok());
 }
 
 TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {

@@ -142,6 +142,20 @@ TEST(Quantize, Q8AndQ4FoldersLoadWithinTheFormatErrorAndKeepTheRestByteIdentical
   auto src = SafetensorsSource::open(quantized_tiny("q8") / "text_encoder");
   ASSERT_TRUE(src.ok());
   EXPECT_EQ((*src)->get("model.layers.0.mlp.down_proj.weight")->dtype, DType::kQ8Row);
+  // A row view of a Q8_ROW weight (one scale per row, not per element) dequantises to exactly
+  // the same rows: the transformer's fused projection is split this way.
+  auto w = (*src)->get("model.layers.0.mlp.down_proj.weight");
+  ASSERT_TRUE(w.ok());
+  const int64_t r0 = 3, r1 = w->rows() - 2, C = w->cols();
+  auto v = w->row_range(r0, r1);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  std::vector<float> a(C), b(C);
+  for (int64_t r = r0; r < r1; ++r) {
+    weight_row_to_f32(*w, r, a.data());
+    weight_row_to_f32(*v, r - r0, b.data());
+    ASSERT_EQ(a, b) << "row " << r;
+  }
+  EXPECT_TRUE(validate_weight(*v).ok());
 }
 
 TEST(Quantize, QuantizedFoldersGenerateInBothPrecisions) {

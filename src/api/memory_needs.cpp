@@ -93,13 +93,15 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   // x, h, tmp [L, H]; q, att [L, Dq]; k, v [L, Dkv]; gate, up [L, I]; RoPE; the 3-tap output.
   n.te_activations = L * (3 * H + 2 * Dq + 2 * Dkv + 2 * I + te.head_dim + 3 * H) * kF;
 
-  // Transformer: S = text + image (+ reference) tokens; the residual stream h, nrm and o [S, D],
-  // P [S, 3D+2F], cat [S, D+F], RoPE [S, hd] x2; the prompt embeddings, latents, noise, velocity,
+  // Transformer: S = text + image (+ reference) tokens; the residual stream h, nrm, att and o
+  // [S, D], qkv [S, 3D], RoPE [S, hd] x2, the MLP chunks u [R, 2F] and cat [R, D+F] (R = at most
+  // 1024 rows, Flux2Transformer's kRowChunk); the prompt embeddings, latents, noise, velocity,
   // the preview and the pipeline's per-step tensors [N, 128] (a handful).
   n.dit = w.dit;
   const uint64_t N = static_cast<uint64_t>((r.width / 16) * (r.height / 16)), S = L + N + r.ref_tokens;
   const uint64_t D = dit.inner_dim(), Fm = dit.mlp_hidden_dim(), hd = dit.attention_head_dim;
-  n.dit_activations = S * (3 * D + (3 * D + 2 * Fm) + (D + Fm) + 2 * hd) * kF +
+  const uint64_t R = std::min<uint64_t>(S, 1024);
+  n.dit_activations = S * (4 * D + 3 * D + 2 * hd) * kF + R * (2 * Fm + D + Fm) * kF +
                       L * dit.joint_attention_dim * kF + (8 * N + r.ref_tokens) * dit.in_channels * kF +
                       static_cast<uint64_t>(r.width * r.height) * 3 * kF;
 

@@ -63,7 +63,7 @@ ModelInfo describe(const ModelFolder& m) {
           const double cnt = static_cast<double>(w->numel());
           uint64_t bytes = w->nbytes;
           if (f.scales == ScalePlace::kSeparate)
-            bytes += static_cast<uint64_t>(w->rows() * w->blocks_per_row()) * dtype_size(w->scale_dtype) *
+            bytes += static_cast<uint64_t>(w->rows() * w->scales_per_row()) * dtype_size(w->scale_dtype) *
                      (f.has_offsets ? 2 : 1);
           c.parameters += cnt;
           auto& slot = by_format[std::string(f.name)];

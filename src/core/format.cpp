@@ -71,7 +71,7 @@ constexpr FormatTraits kTable[] = {
     {DType::kBool, "BOOL", "BOOL", 8, 1, 1, S::kNone, false, false, false, nullptr},
     {DType::kF8E4M3, "F8_E4M3", "F8_E4M3", 8, 1, 1, S::kNone, false, true, true, plain_row<uint8_t, u8_f8>},
     {DType::kU32, "U32", "U32", 32, 1, 4, S::kNone, false, false, false, nullptr},
-    {DType::kQ8Row, "Q8_ROW", "", 8, 1, 1, S::kSeparate, false, true, true, q8row_row},
+    {DType::kQ8Row, "Q8_ROW", "", 8, 1, 1, S::kSeparate, false, true, true, q8row_row, true},
     {DType::kQ4G64, "Q4_G64", "", 4, 64, 32, S::kSeparate, true, true, true, q4g64_row},
 };
 static_assert(std::size(kTable) == static_cast<size_t>(DType::kCount), "one row per DType");

@@ -39,6 +39,8 @@ struct FormatTraits {
   // Converts elements [c0, c0 + n) of row `r` of `w` (a weight of this format) to float32.
   // c0 and n must be multiples of block_elems. Null for formats the engine cannot dequantise.
   void (*row_to_f32)(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
+  // ScalePlace::kSeparate: one scale (and offset) per row rather than per block (Q8_ROW).
+  bool scale_per_row = false;
 };
 
 // The whole table, in DType order (format_table()[i].id == DType(i)).

@@ -16,7 +16,7 @@ Result<Weight> Weight::row_range(int64_t r0, int64_t r1) const {
   v.data = static_cast<const uint8_t*>(data) + r0 * rb;
   v.nbytes = static_cast<size_t>((r1 - r0) * rb);
   if (format().scales == ScalePlace::kSeparate) {
-    const int64_t per_row = blocks_per_row();
+    const int64_t per_row = scales_per_row();
     const size_t ssz = dtype_size(scale_dtype);
     v.scales = static_cast<const uint8_t*>(scales) + r0 * per_row * ssz;
     if (offsets) v.offsets = static_cast<const uint8_t*>(offsets) + r0 * per_row * ssz;

@@ -54,6 +54,7 @@ struct Weight {
   int64_t row_bytes() const { return format_row_bytes(dtype, cols()); }
   // Scale / offset entries per row (block formats).
   int64_t blocks_per_row() const { return cols() / format().block_elems; }
+  int64_t scales_per_row() const { return format().scale_per_row ? 1 : blocks_per_row(); }
 
   // Rows [r0, r1) as a Weight sharing this one's storage (outer dimension; scales follow).
   // Fails for r0 > r1, r1 > rows() or a packed layout.

@@ -1,5 +1,6 @@
 // FLUX.2 transformer forward pass (see flux2_dit.h), written in the Backend's named ops only and
 // split per block; config, loading and the pure helpers are in flux2_dit.cpp.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -20,6 +21,9 @@ bool ids_in_range(const Flux2Ids& ids) {
 // The modulation of one stream of a double block. Chunk k of a modulation vector is
 // [k·D, (k+1)·D): shift, scale, gate (attention), shift, scale, gate (MLP); `onep_*` = 1 + scale,
 // computed once per step as diffusers does (`1 + scale` is its own op).
+// Token rows per MLP chunk: large enough for the GEMM kernels' blocking to stay efficient.
+constexpr int64_t kRowChunk = 1024;
+
 struct StreamMod {
   TensorView shift_msa, gate_msa, shift_mlp, gate_mlp;
   Tensor onep_msa, onep_mlp;
@@ -34,7 +38,10 @@ struct Flux2Transformer::Step {
   TensorView single_shift, single_gate;
   Tensor single_onep;
   Tensor rcos, rsin;             // [S, head_dim]
-  Tensor nrm, P, cat, o;         // work buffers: [S, D], [S, 3D+2F], [S, D+F], [S, D]
+  // Work buffers: nrm, att, o [S, D]; qkv [S, 3D]. The MLPs run on chunks of at most kRowChunk
+  // token rows (u [R, 2F], cat [R, D+F]), so their wide hidden activations never exist for all
+  // S tokens at once (at 1024² that is 0.7 GiB less; more at larger sizes).
+  Tensor nrm, qkv, att, o, u, cat;
   TensorView htxt() const { return h.view().row_range(0, T); }
   TensorView himg() const { return h.view().row_range(T, S); }
 };
@@ -76,8 +83,8 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_ASSIGN_OR_RETURN(Tensor nq_img, norm(b.norm_q));
   KLEIN_ASSIGN_OR_RETURN(Tensor nk_img, norm(b.norm_k));
 
-  // Attention: QKV [S, 3D] in P (at row stride 3D), text rows first.
-  const TensorView qkv = st.P.view().reshaped({S, 3 * D});
+  // Attention: QKV [S, 3D], text rows first.
+  const TensorView qkv = st.qkv.view();
   const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D), v = qkv.col_range(2 * D, 3 * D);
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_msa, st.mt.shift_msa, eps));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_msa, st.mi.shift_msa, eps));
@@ -93,7 +100,7 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k.row_range(0, T), H, nk_txt, eps, cos_t, sin_t));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(T, S), H, nq_img, eps, cos_i, sin_i));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k.row_range(T, S), H, nk_img, eps, cos_i, sin_i));
-  const TensorView att = st.cat.view().reshaped({S, D});
+  const TensorView att = st.att.view();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, att, H, H, scale, AttnMask{}));
   const TensorView otxt = st.o.view().row_range(0, T), oimg = st.o.view().row_range(T, S);
@@ -104,16 +111,22 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_RETURN_IF_ERROR(be.gated_add(htxt, otxt, st.mt.gate_msa));
   KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_msa));
 
-  // Feed-forward (SwiGLU): hidden [S, 2F] in P (gate | up), activation [S, F] in cat.
+  // Feed-forward (SwiGLU) per chunk of rows, text and image rows apart (their own weights):
+  // hidden u [R, 2F] (gate | up), activation [R, F] in cat.
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_mlp, st.mt.shift_mlp, eps));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_mlp, st.mi.shift_mlp, eps));
-  const TensorView u = st.P.view().reshaped({S, 2 * F});
-  const TensorView act = st.cat.view().reshaped({S, F});
-  KLEIN_RETURN_IF_ERROR(be.linear(ntxt, b.ffc_in, nullptr, u.row_range(0, T)));
-  KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.ff_in, nullptr, u.row_range(T, S)));
-  KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), act));
-  KLEIN_RETURN_IF_ERROR(be.linear(act.row_range(0, T), b.ffc_out, nullptr, otxt));
-  KLEIN_RETURN_IF_ERROR(be.linear(act.row_range(T, S), b.ff_out, nullptr, oimg));
+  auto ff = [&](int64_t r0, int64_t r1, const Weight& w_in, const Weight& w_out) -> Status {
+    for (int64_t a = r0; a < r1; a += kRowChunk) {
+      const int64_t b2 = std::min(r1, a + kRowChunk), R = b2 - a;
+      const TensorView u = st.u.view().row_range(0, R), act = st.cat.view().row_range(0, R).col_range(0, F);
+      KLEIN_RETURN_IF_ERROR(be.linear(st.nrm.view().row_range(a, b2), w_in, nullptr, u));
+      KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), act));
+      KLEIN_RETURN_IF_ERROR(be.linear(act, w_out, nullptr, st.o.view().row_range(a, b2)));
+    }
+    return Status::Ok();
+  };
+  KLEIN_RETURN_IF_ERROR(ff(0, T, b.ffc_in, b.ffc_out));
+  KLEIN_RETURN_IF_ERROR(ff(T, S, b.ff_in, b.ff_out));
   KLEIN_RETURN_IF_ERROR(be.gated_add(htxt, otxt, st.mt.gate_mlp));
   KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_mlp));
   ctx.dump(pfx + "img", himg, {1, st.N, D});
@@ -124,7 +137,7 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
 Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx) const {
   Backend& be = ctx.be();
   const Flux2Config& c = cfg_;
-  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim, T = st.T, S = st.S;
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim, S = st.S;
   const int H = static_cast<int>(c.num_attention_heads);
   const float eps = static_cast<float>(c.eps);
   const SingleBlock& b = single_[bi];
@@ -132,19 +145,26 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_ASSIGN_OR_RETURN(Tensor nq, be.upload(b.norm_q.data(), {hd}, "a q norm weight"));
   KLEIN_ASSIGN_OR_RETURN(Tensor nk, be.upload(b.norm_k.data(), {hd}, "a k norm weight"));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(st.h, st.nrm, st.single_onep, st.single_shift, eps));
-  // P rows: [Q | K | V | gate | up], one fused projection.
-  const TensorView P = st.P;
-  KLEIN_RETURN_IF_ERROR(be.linear(st.nrm, b.qkv_mlp, nullptr, P));
-  const TensorView q = P.col_range(0, D), k = P.col_range(D, 2 * D), v = P.col_range(2 * D, 3 * D);
+  // The fused projection's rows are [Q | K | V | gate | up]: Q, K, V for all tokens first
+  // (attention needs them all), then gate/up and to_out per chunk of rows.
+  KLEIN_ASSIGN_OR_RETURN(const Weight w_qkv, b.qkv_mlp.row_range(0, 3 * D));
+  KLEIN_ASSIGN_OR_RETURN(const Weight w_mlp, b.qkv_mlp.row_range(3 * D, 3 * D + 2 * F));
+  const TensorView qkv = st.qkv.view();
+  KLEIN_RETURN_IF_ERROR(be.linear(st.nrm, w_qkv, nullptr, qkv));
+  const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D), v = qkv.col_range(2 * D, 3 * D);
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q, H, nq, eps, st.rcos, st.rsin));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k, H, nk, eps, st.rcos, st.rsin));
-  // cat rows: [attention (D) | SiLU(gate) * up (F)], the input of the fused to_out.
-  const TensorView cat = st.cat;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, cat.col_range(0, D), H, H, scale, AttnMask{}));
-  KLEIN_RETURN_IF_ERROR(be.swiglu(P.col_range(3 * D, 3 * D + F), P.col_range(3 * D + F, 3 * D + 2 * F),
-                                  cat.col_range(D, D + F)));
-  KLEIN_RETURN_IF_ERROR(be.linear(cat, b.to_out, nullptr, st.o));
+  KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, st.att, H, H, scale, AttnMask{}));
+  // cat rows: [attention (D) | SiLU(gate) * up (F)], the input of the fused to_out.
+  for (int64_t a = 0; a < S; a += kRowChunk) {
+    const int64_t b2 = std::min(S, a + kRowChunk), R = b2 - a;
+    const TensorView u = st.u.view().row_range(0, R), cat = st.cat.view().row_range(0, R);
+    KLEIN_RETURN_IF_ERROR(be.linear(st.nrm.view().row_range(a, b2), w_mlp, nullptr, u));
+    KLEIN_RETURN_IF_ERROR(be.copy(st.att.view().row_range(a, b2), cat.col_range(0, D)));
+    KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), cat.col_range(D, D + F)));
+    KLEIN_RETURN_IF_ERROR(be.linear(cat, b.to_out, nullptr, st.o.view().row_range(a, b2)));
+  }
   ctx.dump(name + ".attn", st.o, {1, S, D});
   KLEIN_RETURN_IF_ERROR(be.gated_add(st.h, st.o, st.single_gate));
   ctx.dump(name, st.h, {1, S, D});
@@ -255,8 +275,10 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
 
   // ---- work buffers, shared by all blocks
   KLEIN_ASSIGN_OR_RETURN(st.nrm, be.alloc({S, D}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.P, be.alloc({S, 3 * D + 2 * F}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.cat, be.alloc({S, D + F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.qkv, be.alloc({S, 3 * D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.att, be.alloc({S, D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.u, be.alloc({std::min(S, kRowChunk), 2 * F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.cat, be.alloc({std::min(S, kRowChunk), D + F}, "transformer activations"));
   KLEIN_ASSIGN_OR_RETURN(st.o, be.alloc({S, D}, "transformer activations"));
 
   // ---- 5./6. double-stream blocks, then single-stream blocks on h = [text; image]

@@ -66,6 +66,10 @@ struct VaeTiling {
   // Whole activations up to this size (all kept ones together) are kept between the statistics
   // passes instead of recomputed from an earlier one: time for memory.
   uint64_t keep_bytes = uint64_t{256} << 20;
+  // Activations beyond keep_bytes go to an unlinked temporary file in spill_dir (empty: $TMPDIR
+  // or /tmp) instead of being recomputed: the tiled pass then costs about the whole-image pass.
+  bool spill = true;
+  std::string spill_dir;
 };
 
 class Flux2Vae {
@@ -154,12 +158,12 @@ class Flux2Vae {
   Result<Tensor> down_block(const Block& b, Tensor x, const RunContext& ctx) const;
 
  private:
-  Result<Tensor> decode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const;
-  Result<Tensor> encode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const;
+  Result<Tensor> decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const;
+  Result<Tensor> encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const;
   // The full-resolution parts on tiles: decoder from the mid block's output to the image;
   // encoder from the image to the last down block's output.
-  Result<Tensor> decode_tiled(Tensor mid, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const;
-  Result<Tensor> encode_tiled(Tensor image, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const;
+  Result<Tensor> decode_tiled(Tensor mid, int64_t tile, const VaeTiling& tiling, const RunContext& ctx) const;
+  Result<Tensor> encode_tiled(Tensor image, int64_t tile, const VaeTiling& tiling, const RunContext& ctx) const;
 
   Flux2VaeConfig cfg_;
   std::shared_ptr<const TensorSource> source_;  // keeps the weights' storage alive

@@ -181,10 +181,10 @@ Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx, const Va
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(z));
   if (!finite) return invalid_argument("vae decode: the latent has NaN or Inf values");
   const int64_t f = c.scale_factor(), tile = tile_size(f * z.dim(2), f * z.dim(3), tiling, true);
-  return per_item(ctx.be(), z, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling.keep_bytes); });
+  return per_item(ctx.be(), z, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling); });
 }
 
-Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const {
+Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int total = static_cast<int>(dec_blocks_.size()) + 2;
@@ -200,7 +200,7 @@ Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t til
   KLEIN_ASSIGN_OR_RETURN(x, mid_block(dec_mid_, std::move(x), ctx));
   ctx.dump("vae.mid", x);
   if (tile > 0) {
-    KLEIN_ASSIGN_OR_RETURN(Tensor img, decode_tiled(std::move(x), tile, keep_bytes, ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor img, decode_tiled(std::move(x), tile, tiling, ctx));
     ctx.dump("vae.conv_out", img);
     return img;
   }
@@ -236,10 +236,10 @@ Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx,
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(image));
   if (!finite) return invalid_argument("vae encode: the image has NaN or Inf values");
   const int64_t tile = tile_size(image.dim(2), image.dim(3), tiling, false);
-  return per_item(ctx.be(), image, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling.keep_bytes); });
+  return per_item(ctx.be(), image, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling); });
 }
 
-Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, uint64_t keep_bytes) const {
+Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int64_t G = c.norm_num_groups, lat = c.latent_channels;
@@ -248,7 +248,7 @@ Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t til
   int done = 0;
   ctx.report("vae_encode", done, total);
   if (tile > 0) {
-    KLEIN_ASSIGN_OR_RETURN(x, encode_tiled(std::move(x), tile, keep_bytes, ctx));
+    KLEIN_ASSIGN_OR_RETURN(x, encode_tiled(std::move(x), tile, tiling, ctx));
     done = total - 2;
   } else {
     KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, enc_conv_in_, same3()));

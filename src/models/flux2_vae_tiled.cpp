@@ -11,11 +11,14 @@
 //   * global GroupNorm statistics: before a GroupNorm is applied, one pass over all tiles
 //     accumulates its per-group statistics over each tile's own core (Backend::group_norm_stats),
 //     then the affine is computed once for the whole image. The passes recompute the chain from
-//     the last activation kept whole; an activation is kept whole when it fits the tiling's
-//     keep budget, so time is traded for memory only where memory is short.
+//     the last activation kept whole; an activation is kept whole in memory when it fits the
+//     tiling's keep budget, else in a temporary file (io/activation_spill.h) when spilling is
+//     allowed, so each pass computes one stage from the previous point, not the chain.
 #include <algorithm>
 #include <map>
+#include <memory>
 
+#include "io/activation_spill.h"
 #include "models/flux2_vae.h"
 
 namespace klein {
@@ -74,10 +77,12 @@ Span input_span(Kind k, Span o, int64_t n_in) {
 
 class TiledChain {
  public:
-  TiledChain(std::vector<Stage> stages, Tensor base, int64_t groups, double eps, uint64_t keep_bytes,
+  TiledChain(std::vector<Stage> stages, Tensor base, int64_t groups, double eps, const VaeTiling& tiling,
              const RunContext& ctx, const std::string& phase)
-      : st_(std::move(stages)), base_(std::move(base)), groups_(groups), eps_(eps), keep_bytes_(keep_bytes),
-        ctx_(ctx), be_(ctx.be()), phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
+      : st_(std::move(stages)), base_(std::move(base)), groups_(groups), eps_(eps), keep_bytes_(tiling.keep_bytes),
+        // Spilled tiles are written from host memory.
+        spill_(tiling.spill && base_.device() == Device::kCpu), spill_dir_(tiling.spill_dir), ctx_(ctx), be_(ctx.be()),
+        phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
 
   // Runs the chain on tiles of `tile` pixels of the reference level (size `ref`, whose tile
   // borders map to whole pixels at every level) and returns the last stage's output, whole.
@@ -116,6 +121,11 @@ class TiledChain {
   struct Affine {
     Tensor scale, shift;  // [C]
   };
+  // A whole activation kept between passes: in memory (t) or spilled to a file (f).
+  struct Kept {
+    Tensor t;
+    std::unique_ptr<ActivationSpill> f;
+  };
 
   // Points of the chain: 0 = the base (stage 0's input); stage s: 2s+1 = a ResNet's hidden
   // tensor (after conv1), 2s+2 = its output.
@@ -142,12 +152,15 @@ class TiledChain {
     const uint64_t bytes = static_cast<uint64_t>(channels(p) * sz.h * sz.w) * sizeof(float);
     const int first_needed = p % 2 ? p - 1 : p;  // a hidden point still needs its stage's input
     uint64_t kept_after = 0;
-    for (const auto& [q, t] : kept_)
-      if (q >= first_needed) kept_after += static_cast<uint64_t>(t.numel()) * sizeof(float);
-    const bool keep = !kept_.count(p) && kept_after + bytes <= keep_bytes_;
-    Tensor full;
+    for (const auto& [q, k] : kept_)
+      if (q >= first_needed) kept_after += static_cast<uint64_t>(k.t.numel()) * sizeof(float);
+    const bool fresh = p > 0 && !kept_.count(p);  // the base is whole already
+    const bool keep = fresh && kept_after + bytes <= keep_bytes_;
+    Kept kept;
     if (keep) {
-      KLEIN_ASSIGN_OR_RETURN(full, be_.alloc({1, channels(p), sz.h, sz.w}, "a kept VAE activation"));
+      KLEIN_ASSIGN_OR_RETURN(kept.t, be_.alloc({1, channels(p), sz.h, sz.w}, "a kept VAE activation"));
+    } else if (fresh && spill_) {
+      KLEIN_ASSIGN_OR_RETURN(kept.f, ActivationSpill::create(channels(p), sz.h, sz.w, spill_dir_, "a spilled VAE activation"));
     }
     for (const Region& t : tiles_) {
       KLEIN_RETURN_IF_ERROR(ctx_.check_cancel("tiled VAE"));
@@ -155,11 +168,12 @@ class TiledChain {
       if (c.y.len() <= 0 || c.x.len() <= 0) continue;
       KLEIN_ASSIGN_OR_RETURN(Tensor y, compute(p, c));
       KLEIN_RETURN_IF_ERROR(be_.group_norm_stats(y, groups_, acc));
-      if (keep) KLEIN_RETURN_IF_ERROR(paste(y, c, full));
+      if (keep) KLEIN_RETURN_IF_ERROR(paste(y, c, kept.t));
+      if (kept.f) KLEIN_RETURN_IF_ERROR(kept.f->write(y, c.y.a, c.x.a));
     }
-    if (keep) {
+    if (keep || kept.f) {
       for (auto it = kept_.begin(); it != kept_.end();) it = it->first < first_needed ? kept_.erase(it) : std::next(it);
-      kept_.emplace(p, std::move(full));
+      kept_.emplace(p, std::move(kept));
     }
     Affine a;
     KLEIN_ASSIGN_OR_RETURN(a.scale, be_.alloc({channels(p)}, "GroupNorm statistics"));
@@ -170,7 +184,7 @@ class TiledChain {
 
   // The activation at point p over exactly region R.
   Result<Tensor> compute(int p, const Region& R) {
-    if (auto it = kept_.find(p); it != kept_.end()) return crop(it->second, {{0, size(p).h}, {0, size(p).w}}, R);
+    if (auto it = kept_.find(p); it != kept_.end()) return from_kept(it->second, p, R);
     if (p == 0) return crop(base_, {{0, base_.dim(2)}, {0, base_.dim(3)}}, R);
     const size_t s = static_cast<size_t>((p - 1) / 2);
     const Stage& S = st_[s];
@@ -186,7 +200,7 @@ class TiledChain {
         const Region rt = grow(R, 1, S.in);
         Tensor t;
         if (auto it = kept_.find(p - 1); it != kept_.end()) {
-          KLEIN_ASSIGN_OR_RETURN(t, crop(it->second, {{0, S.in.h}, {0, S.in.w}}, rt));
+          KLEIN_ASSIGN_OR_RETURN(t, from_kept(it->second, p - 1, rt));
         } else {
           KLEIN_ASSIGN_OR_RETURN(Tile tt, conv(x, S.res->conv1, Kind::kConv, S.in, &a1_[s]));
           KLEIN_ASSIGN_OR_RETURN(t, crop(tt.t, tt.r, rt));
@@ -215,6 +229,11 @@ class TiledChain {
         return crop(y.t, y.r, R);
       }
     }
+  }
+
+  Result<Tensor> from_kept(const Kept& k, int p, const Region& R) {
+    if (k.f) return k.f->read(R.y.a, R.y.b, R.x.a, R.x.b);
+    return crop(k.t, {{0, size(p).h}, {0, size(p).w}}, R);
   }
 
   Result<Tile> input(size_t s, const Region& r) {
@@ -297,11 +316,13 @@ class TiledChain {
   int64_t groups_;
   double eps_;
   uint64_t keep_bytes_;
+  bool spill_;
+  std::string spill_dir_;
   const RunContext& ctx_;
   Backend& be_;
   std::string phase_;
   std::vector<Affine> a1_, a2_;  // per stage: the norm on its input; a ResNet's norm2
-  std::map<int, Tensor> kept_;   // point → whole activation
+  std::map<int, Kept> kept_;     // point → whole activation
   std::vector<Region> tiles_;    // at the reference level
   Size2 ref_;
 };
@@ -327,7 +348,7 @@ int64_t Flux2Vae::tile_size(int64_t H, int64_t W, const VaeTiling& t, bool decod
   return 3 * widest * sizeof(float) > t.auto_above_bytes ? rounded(t.auto_tile) : 0;
 }
 
-Result<Tensor> Flux2Vae::decode_tiled(Tensor mid, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::decode_tiled(Tensor mid, int64_t tile, const VaeTiling& tiling, const RunContext& ctx) const {
   // The up blocks and conv_norm_out + conv_out, tiled at the output resolution.
   std::vector<Stage> stages;
   Size2 n = {mid.dim(2), mid.dim(3)};
@@ -339,12 +360,12 @@ Result<Tensor> Flux2Vae::decode_tiled(Tensor mid, int64_t tile, uint64_t keep_by
     }
   }
   stages.push_back({Kind::kNormConv, nullptr, &dec_conv_out_, &dec_norm_out_, n, n});
-  TiledChain chain(std::move(stages), std::move(mid), cfg_.norm_num_groups, cfg_.norm_eps, keep_bytes, ctx,
+  TiledChain chain(std::move(stages), std::move(mid), cfg_.norm_num_groups, cfg_.norm_eps, tiling, ctx,
                    "decode");
   return chain.run(n, tile);
 }
 
-Result<Tensor> Flux2Vae::encode_tiled(Tensor image, int64_t tile, uint64_t keep_bytes, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::encode_tiled(Tensor image, int64_t tile, const VaeTiling& tiling, const RunContext& ctx) const {
   // conv_in and the down blocks, tiled at the image resolution.
   std::vector<Stage> stages;
   const Size2 full = {image.dim(2), image.dim(3)};
@@ -357,7 +378,7 @@ Result<Tensor> Flux2Vae::encode_tiled(Tensor image, int64_t tile, uint64_t keep_
       n = {n.h / 2, n.w / 2};
     }
   }
-  TiledChain chain(std::move(stages), std::move(image), cfg_.norm_num_groups, cfg_.norm_eps, keep_bytes, ctx,
+  TiledChain chain(std::move(stages), std::move(image), cfg_.norm_num_groups, cfg_.norm_eps, tiling, ctx,
                    "vae_encode");
   return chain.run(full, tile);
 }
