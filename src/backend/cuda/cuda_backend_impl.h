@@ -8,7 +8,8 @@
 //     device memory it co-owns, so a component's weights live as long as the component does
 //     (MemoryPolicy kLow frees them after each phase, kResident keeps them);
 //   * linear / conv2d: cuBLASLt GEMMs (cuda_gemm.cpp), plans cached per shape;
-//   * attention: the online-softmax kernel of kernels_attention.cu;
+//   * attention: under fp32 the online-softmax kernel of kernels_attention.cu; under fast bf16
+//     cuBLASLt GEMMs around a masked softmax (cuda_attention.cpp);
 //   * every other op: the fused kernels of kernels_elementwise.cu (cuda_ops.cpp checks the
 //     views and launches them).
 // Ops enqueue work on the backend's stream and return; results are visible to download(),
@@ -91,8 +92,13 @@ class CudaBackend final : public Backend {
   Result<void*> device_alloc(size_t bytes, const std::string& what);
   // Scratch buffer `slot` of at least `bytes`, reused across ops (all on one stream, so a later
   // op's kernels run after an earlier op's are done with it).
-  enum Slot { kActivations = 0, kCol, kSmall, kSlots };
+  enum Slot { kActivations = 0, kCol, kSmall, kAttnQ, kAttnK, kAttnV, kAttnScores, kAttnProbs, kSlots };
   Result<void*> scratch(Slot slot, size_t bytes, const char* op);
+
+  // Attention under Precision::kFast: per head and chunk of queries, scores = K·Qᵀ and
+  // out = P·V as bf16 tensor-core GEMMs around a masked softmax (cuda_attention.cpp).
+  Status attention_gemm(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                        int heads, int kv_heads, int64_t D, float scale, bool causal, const uint8_t* valid);
 
   // The groups' {count, mean, M2} partials of x [1, C, H, W] into the kSmall scratch; returns
   // the chunks per group.

@@ -92,6 +92,12 @@ constexpr int kMaxAttentionHeadDim = 512;
 size_t attention_smem_bytes(int D);
 cudaError_t attention(const AttentionArgs& a, cudaStream_t s);
 
+// The softmax of the bf16 attention path (cuda_attention.cpp): scores s [rows, Sk] (row stride
+// lds; the rows are queries i0, i0 + 1, ...) → p = softmax(scale · s) over the visible keys
+// (AttnMask's rule), as bf16 at row stride ldp; a row with no visible key is zeros.
+cudaError_t masked_softmax_bf16(const float* s, int64_t lds, void* p, int64_t ldp, int64_t rows, int64_t Sk,
+                                int64_t i0, float scale, bool causal, const uint8_t* key_valid, cudaStream_t st);
+
 // ---- convolution pieces (kernels_conv.cu)
 struct Im2colArgs {
   const float* in;   // [Cin, H, W] (one batch item)

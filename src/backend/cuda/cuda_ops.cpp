@@ -233,41 +233,6 @@ Status CudaBackend::qk_norm_rope(const TensorView& x, int heads, const TensorVie
   return Status::Ok();
 }
 
-// ---- attention
-
-Status CudaBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                              int heads, int kv_heads, float scale, const AttnMask& mask) {
-  const std::string op = "attention";
-  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
-    KLEIN_RETURN_IF_ERROR(check_mat(op, n, *t));
-  if (heads <= 0 || kv_heads <= 0 || q.cols() % heads != 0 || heads % kv_heads != 0)
-    return bad(op, "bad head count");
-  const int64_t D = q.cols() / heads;
-  if (k.cols() != kv_heads * D || v.cols() != kv_heads * D || out.cols() != q.cols() || out.rows() != q.rows() ||
-      k.rows() != v.rows())
-    return bad(op, "q/k/v/out shapes disagree");
-  if (D > ck::kMaxAttentionHeadDim)
-    return unsupported("cuda backend: attention: head dim " + std::to_string(D) + " (the kernel handles up to " +
-                       std::to_string(ck::kMaxAttentionHeadDim) + ")");
-  if (ck::attention_smem_bytes(static_cast<int>(D)) > smem_optin_)
-    return unsupported("cuda backend: attention: head dim " + std::to_string(D) + " needs " +
-                       std::to_string(ck::attention_smem_bytes(static_cast<int>(D))) +
-                       " bytes of shared memory; " + device_name_ + " has " + std::to_string(smem_optin_));
-  const uint8_t* valid = nullptr;
-  if (mask.key_valid && k.rows() > 0) {
-    KLEIN_ASSIGN_OR_RETURN(void* p, scratch(kSmall, static_cast<size_t>(k.rows()), "attention"));
-    KLEIN_CUDA_TRY(op, cudaMemcpyAsync(p, mask.key_valid, static_cast<size_t>(k.rows()), cudaMemcpyHostToDevice,
-                                       stream_));
-    valid = static_cast<const uint8_t*>(p);
-  }
-  const ck::AttentionArgs a{.q = fp(q), .k = fp(k), .v = fp(v), .out = fp(out),
-                            .ldq = q.ld(), .ldk = k.ld(), .ldv = v.ld(), .ldo = out.ld(),
-                            .Sq = q.rows(), .Sk = k.rows(), .heads = heads, .kv_heads = kv_heads,
-                            .D = static_cast<int>(D), .scale = scale, .causal = mask.causal, .key_valid = valid};
-  KLEIN_KERNEL_TRY(op, "attention", ck::attention(a, stream_));
-  return Status::Ok();
-}
-
 // ---- element-wise
 
 Status CudaBackend::swiglu(const TensorView& gate, const TensorView& up, const TensorView& out) {

@@ -12,8 +12,12 @@
 // double-precision formula to ~1e-6 relative.
 //
 // What it is not: a tensor-core kernel. At 1024² the DiT's attention is ~6.5 TFLOP per step,
-// which this kernel runs at CUDA-core speed; a bf16 wgmma/mma.sync version is the next step on
-// a GPU (docs/cuda.md).
+// which this kernel runs at CUDA-core speed, so it serves Precision::kFp32 (the exact path);
+// under kFast the backend computes attention with bf16 tensor-core GEMMs around the masked
+// softmax below (cuda_attention.cpp). A fused bf16 flash kernel (mma.sync/wgmma) replacing both
+// is the next step on a GPU (docs/cuda.md).
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "backend/cuda/cuda_kernels.h"
@@ -148,7 +152,53 @@ cudaError_t launch(const AttentionArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+__device__ float block_reduce(float v, bool is_max, float* smem32) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = is_max ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // smem32 may still be read by the previous reduction
+  if (lane == 0) smem32[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? smem32[lane] : (is_max ? -INFINITY : 0.0f);
+  return is_max ? warp_max(t) : warp_sum(t);
+}
+
+// One block per query row: max, sum of exponentials, then the normalised row as bf16. The row
+// (≤ 64 KiB of scores) is read three times, from L2 after the first.
+__global__ void masked_softmax_kernel(const float* s, int64_t lds, __nv_bfloat16* p, int64_t ldp, int64_t rows,
+                                      int64_t Sk, int64_t i0, float scale, bool causal, const uint8_t* valid) {
+  __shared__ float smem[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* sr = s + r * lds;
+    __nv_bfloat16* pr = p + r * ldp;
+    const int64_t qi = i0 + r;
+    const int64_t jend = causal ? (qi + 1 < Sk ? qi + 1 : Sk) : Sk;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < jend; j += blockDim.x)
+      if (!valid || valid[j]) mx = fmaxf(mx, sr[j] * scale);
+    mx = block_reduce(mx, true, smem);
+    float sum = 0.0f;
+    if (mx != -INFINITY)
+      for (int64_t j = threadIdx.x; j < jend; j += blockDim.x)
+        if (!valid || valid[j]) sum += expf(sr[j] * scale - mx);
+    sum = block_reduce(sum, false, smem);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t j = threadIdx.x; j < Sk; j += blockDim.x) {
+      const bool vis = j < jend && (!valid || valid[j]) && inv > 0.0f;
+      pr[j] = __float2bfloat16_rn(vis ? expf(sr[j] * scale - mx) * inv : 0.0f);
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t masked_softmax_bf16(const float* s, int64_t lds, void* p, int64_t ldp, int64_t rows, int64_t Sk,
+                                int64_t i0, float scale, bool causal, const uint8_t* key_valid, cudaStream_t st) {
+  if (rows <= 0 || Sk <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(rows < (int64_t{1} << 20) ? rows : (int64_t{1} << 20));
+  masked_softmax_kernel<<<blocks, 256, 0, st>>>(s, lds, static_cast<__nv_bfloat16*>(p), ldp, rows, Sk, i0, scale,
+                                                causal, key_valid);
+  return cudaGetLastError();
+}
 
 size_t attention_smem_bytes(int D) {
   return static_cast<size_t>(kBlockQueries * D + kKeys * (D + 1) + kKeys * D) * sizeof(float);
