@@ -1,11 +1,15 @@
 // The Backend contract: every named op of backend/backend.h against a plain double-precision
-// formula written here, through the backend's own alloc/upload/download, with strided views
-// where the models use them. Parameterised over backends — today the CPU backend at every ISA
-// this machine has; a GPU backend adds itself to all_backends() and inherits the suite.
+// formula written here, through the backend's own alloc/upload/download and prepare_weight, with
+// strided views where the models use them. Parameterised over backends: the CPU backend at every
+// ISA this machine has, and in -DKLEIN_CUDA=ON builds the CUDA backend in both precisions
+// (those cases skip, saying so, where no CUDA device is present).
 //
 // Tolerance: the ops accumulate statistics in double and the rest in float, so results agree with
 // the double formula to a few float ulps: max|got − want| ≤ 2e-6 · max(1, max|want|), looser (1e-5)
-// for the reductions over K (linear, attention, conv).
+// for the reductions over K (linear, attention, conv). A backend whose GEMMs round their inputs
+// to bf16 (CUDA under Precision::kFast, attention included) states its own bound for linear,
+// attention and conv2d (gemm_tol): 2e-2, a bf16 rounding (2^-9 relative) of each of ~40
+// products, summed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,26 +18,40 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/cpu_features.h"
 #include "kernels/kernels.h"
+#ifdef KLEIN_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace klein {
 namespace {
 
 struct BackendCase {
   std::string name;
-  std::function<std::unique_ptr<Backend>()> make;
+  std::function<Result<std::unique_ptr<Backend>>()> make;
+  double gemm_tol = 1e-5;        // linear, attention and conv2d
+  bool needs_cuda_device = false;  // skip (with the reason) where there is none
 };
+
+// gtest prints a failing case's parameter (and ctest lists it): its name is all that is needed.
+void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<BackendCase> all_backends() {
   std::vector<BackendCase> r;
   for (Isa isa : CpuFeatures::host().isas())
-    r.push_back({"cpu_" + std::string(isa_name(isa)), [isa] {
+    r.push_back({"cpu_" + std::string(isa_name(isa)), [isa]() -> Result<std::unique_ptr<Backend>> {
                    return std::unique_ptr<Backend>(new CpuBackend(CpuBackendOptions{2, isa}));
                  }});
+#ifdef KLEIN_HAS_CUDA
+  for (auto [name, precision, tol] : {std::tuple{"cuda_fp32", CudaPrecision::kFp32, 1e-5},
+                                      std::tuple{"cuda_bf16", CudaPrecision::kBf16, 2e-2}})
+    r.push_back({name, [precision]() { return make_cuda_backend(CudaBackendOptions{0, precision, 2}); }, tol, true});
+#endif
   return r;
 }
 
@@ -53,7 +71,24 @@ double max_abs(const std::vector<double>& v) {
 
 class BackendOps : public ::testing::TestWithParam<BackendCase> {
  protected:
-  void SetUp() override { be = GetParam().make(); }
+  void SetUp() override {
+#ifdef KLEIN_HAS_CUDA
+    if (GetParam().needs_cuda_device) {
+      auto n = cuda_device_count();
+      if (!n.ok()) GTEST_SKIP() << "no CUDA device, so the CUDA backend is not tested here (" << n.status().message() << ")";
+    }
+#endif
+    auto made = GetParam().make();
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    be = std::move(made).value();
+  }
+  double gemm_tol() const { return GetParam().gemm_tol; }
+  // A weight over host data, made ready for this backend (a no-op on the CPU; an upload on a GPU).
+  Weight prepared(Weight w) {
+    const Status s = be->prepare_weight(w);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return w;
+  }
 
   Tensor up(const std::vector<float>& v, const Shape& s) {
     auto t = be->upload(v.data(), s, "test input");
@@ -88,7 +123,7 @@ Weight f32_weight(const std::vector<float>& v, const Shape& s, const char* name 
 TEST_P(BackendOps, LinearOnStridedViews) {
   const int64_t M = 7, K = 37, N = 21, ldx = 45, ldy = 30;
   const auto xs = randv(M * ldx, 1), ws = randv(N * K, 2), bs = randv(N, 3);
-  const Weight W = f32_weight(ws, {N, K}), B = f32_weight(bs, {N});
+  const Weight W = prepared(f32_weight(ws, {N, K})), B = prepared(f32_weight(bs, {N}));
   Tensor x = up(xs, {M, ldx});
   Tensor y = up(std::vector<float>(M * ldy, 7.0f), {M, ldy});
   ASSERT_TRUE(be->linear(x.view().col_range(3, 3 + K), W, &B, y.view().col_range(2, 2 + N)).ok());
@@ -100,7 +135,7 @@ TEST_P(BackendOps, LinearOnStridedViews) {
       for (int64_t k = 0; k < K; ++k) s += static_cast<double>(xs[m * ldx + 3 + k]) * ws[n * K + k];
       want[m * ldy + 2 + n] = s;
     }
-  expect_near(got, want, 1e-5, "linear");  // columns outside the view stay 7
+  expect_near(got, want, gemm_tol(), "linear");  // columns outside the view stay 7
 }
 
 // The precision choice reaches the kernels: kFast computes a Q8_ROW linear as W8A8 (bit-equal
@@ -172,14 +207,14 @@ TEST_P(BackendOps, AttentionCausalMaskedGqa) {
           for (int64_t d = 0; d < D; ++d) want[(i * Hq + h) * D + d] += p[j] / sum * vs[(j * Hkv + g) * D + d];
     }
   }
-  expect_near(down(*out), want, 1e-5, "attention");
+  expect_near(down(*out), want, gemm_tol(), "attention");
 }
 
 TEST_P(BackendOps, Conv2dWithPrologueUpsampleAndAccumulate) {
   const int64_t C = 3, H = 5, W = 4, Co = 2;
   const auto xs = randv(C * H * W, 7), ws = randv(Co * C * 9, 8), bs = randv(Co, 9);
   const auto sc = randv(C, 10, 0.5f, 1.5f), sh = randv(C, 11);
-  const Weight Wt = f32_weight(ws, {Co, C, 3, 3}), B = f32_weight(bs, {Co});
+  const Weight Wt = prepared(f32_weight(ws, {Co, C, 3, 3})), B = prepared(f32_weight(bs, {Co}));
   ConvOptions o = ConvOptions::same(3);
   o.upsample2x = true;
   o.in_silu = true;
@@ -205,7 +240,7 @@ TEST_P(BackendOps, Conv2dWithPrologueUpsampleAndAccumulate) {
             for (int kx = 0; kx < 3; ++kx) s += ws[((co * C + c) * 3 + ky) * 3 + kx] * in_at(c, yy + ky - 1, xx + kx - 1);
         want[(co * 2 * H + yy) * 2 * W + xx] += s;
       }
-  expect_near(down(y), want, 1e-5, "conv2d");
+  expect_near(down(y), want, gemm_tol(), "conv2d");
 }
 
 TEST_P(BackendOps, Norms) {
@@ -246,7 +281,8 @@ TEST_P(BackendOps, GroupNormAffine) {
   const auto xs = randv(C * HW, 16, -2.0f, 4.0f), gs = randv(C, 17), bs = randv(C, 18);
   Tensor x = up(xs, {1, C, 2, 5}), scale = std::move(be->alloc({C}, "s")).value(),
          shift = std::move(be->alloc({C}, "s")).value();
-  ASSERT_TRUE(be->group_norm_affine(x, f32_weight(gs, {C}), f32_weight(bs, {C}), G, 1e-6, scale, shift).ok());
+  ASSERT_TRUE(be->group_norm_affine(x, prepared(f32_weight(gs, {C})), prepared(f32_weight(bs, {C})), G, 1e-6, scale,
+                                    shift).ok());
   std::vector<double> want_s(C), want_b(C);
   for (int64_t g = 0; g < G; ++g) {
     double s = 0, ss = 0;
@@ -277,7 +313,8 @@ TEST_P(BackendOps, GroupNormStatsOverTiles) {
     ASSERT_TRUE(be->group_norm_stats(up(band, {1, C, y1 - y0, W}), G, acc).ok());
   }
   Tensor scale = std::move(be->alloc({C}, "s")).value(), shift = std::move(be->alloc({C}, "s")).value();
-  ASSERT_TRUE(be->group_norm_affine_from_stats(acc, f32_weight(gs, {C}), f32_weight(bs, {C}), 1e-6, scale, shift).ok());
+  ASSERT_TRUE(be->group_norm_affine_from_stats(acc, prepared(f32_weight(gs, {C})), prepared(f32_weight(bs, {C})), 1e-6,
+                                               scale, shift).ok());
   std::vector<double> want_s(C), want_b(C);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t n = C / G * HW;
@@ -413,6 +450,7 @@ TEST_P(BackendOps, CopyTransposeGatherFinite) {
   tw.shape = {6, C};
   tw.data = table.data();
   tw.nbytes = table.size() * 2;
+  tw = prepared(tw);
   Tensor g = std::move(be->alloc({3, C}, "g")).value();
   ASSERT_TRUE(be->gather_rows(tw, {5, 0, 5}, g).ok());
   const auto gg = down(g);
@@ -432,7 +470,7 @@ TEST_P(BackendOps, CopyTransposeGatherFinite) {
 TEST_P(BackendOps, InconsistentViewsAreStatusesNotCrashes) {
   const auto xs = randv(12, 30), ws = randv(12, 31);
   Tensor x = up(xs, {3, 4}), y = up(xs, {4, 3});
-  const Weight W = f32_weight(ws, {3, 4});
+  const Weight W = prepared(f32_weight(ws, {3, 4}));
   const Status s = be->linear(x, W, nullptr, y);  // y should be [3, 3]
   EXPECT_EQ(s.code(), Code::kInternal);
   EXPECT_NE(s.message().find("linear"), std::string::npos) << s.message();

@@ -60,13 +60,25 @@ enum class MemoryPolicy {
   kResident,  // text encoder, transformer and VAE mapped once at open and kept for every request
 };
 
-// The arithmetic of the matrix products (Linear layers).
+// The arithmetic of the matrix products (Linear layers, and on CUDA the VAE's convolutions).
 enum class Precision {
-  kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default)
+  kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default);
+          // on CUDA float32 cuBLASLt GEMMs (no TF32) on weights dequantised to f32 at upload
   kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
           // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights and
           // W4A8 for Q4_G64 (AVX512_VNNI; activations quantized per token); float32 where the
-          // CPU has neither
+          // CPU has neither. On CUDA: bf16 GEMMs with float32 accumulation (weights uploaded as
+          // bf16, quantized ones dequantised to bf16 at upload)
+};
+
+// Which processor runs the models.
+enum class BackendKind {
+  kAuto,  // CUDA when this build has the CUDA backend, a device is visible and no max_memory_gib
+          // budget is set (the budget plans host memory); otherwise the CPU (default)
+  kCpu,
+  kCuda,  // an NVIDIA GPU (builds configured with -DKLEIN_CUDA=ON): weights uploaded once per
+          // component as `memory` says; the tokenizer, scheduler, noise and image I/O stay on
+          // the host. Fails at open without a device, or in a build without the backend
 };
 
 struct LoadOptions {
@@ -87,6 +99,7 @@ struct LoadOptions {
   // reads the transformer again from the page cache), and the VAE tile size from what remains.
   // A request that cannot fit fails before any work with the size it needs.
   double max_memory_gib = 0;
+  BackendKind backend = BackendKind::kAuto;
 };
 
 // Caller hooks. All are optional and called on the calling thread.
@@ -222,6 +235,9 @@ class KLEIN_API Model {
   // Reads the safetensors headers (file I/O) for parameter counts and sizes.
   Result<ModelInfo> info() const;
   const LoadOptions& load_options() const;
+  // What runs the models: "cpu" or "cuda" (what BackendKind::kAuto chose); "" for a
+  // tokenizer-only model.
+  std::string backend_name() const;
 
   struct Impl;
 

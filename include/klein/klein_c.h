@@ -48,8 +48,15 @@ typedef enum klein_memory_policy {
 /* The arithmetic of the matrix products (klein::Precision). */
 typedef enum klein_precision {
   KLEIN_PRECISION_FP32 = 0, /* float32 on the stored weights: the exact path (default) */
-  KLEIN_PRECISION_FAST = 1  /* the CPU's dot-product kernels (bf16 dot, int8 W8A8 for Q8_ROW) */
+  KLEIN_PRECISION_FAST = 1  /* the CPU's dot-product kernels (bf16 dot, int8 W8A8 for Q8_ROW); bf16 GEMMs on CUDA */
 } klein_precision;
+
+/* Which processor runs the models (klein::BackendKind). */
+typedef enum klein_backend {
+  KLEIN_BACKEND_AUTO = 0, /* CUDA when built with it and a device is visible (and no budget), else CPU (default) */
+  KLEIN_BACKEND_CPU = 1,
+  KLEIN_BACKEND_CUDA = 2  /* fails at open without a device or in a build without -DKLEIN_CUDA=ON */
+} klein_backend;
 
 typedef struct klein_model klein_model; /* opaque */
 
@@ -76,6 +83,7 @@ typedef struct klein_load_params {
   int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
   int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
   double max_memory_gib; /* memory budget in GiB (klein.h LoadOptions::max_memory_gib); 0: none */
+  int backend;        /* a klein_backend: KLEIN_BACKEND_AUTO (default), KLEIN_BACKEND_CPU or KLEIN_BACKEND_CUDA */
 } klein_load_params;
 
 typedef struct klein_generate_params {

@@ -42,6 +42,7 @@ klein_load_params klein_load_default_params(void) {
   p.vae_tile = 0;
   p.precision = KLEIN_PRECISION_FP32;
   p.max_memory_gib = 0;
+  p.backend = KLEIN_BACKEND_AUTO;
   return p;
 }
 
@@ -62,6 +63,9 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
       return klein::invalid_argument("klein_model_open: memory must be KLEIN_MEMORY_LOW or KLEIN_MEMORY_RESIDENT");
     if (p.precision != KLEIN_PRECISION_FP32 && p.precision != KLEIN_PRECISION_FAST)
       return klein::invalid_argument("klein_model_open: precision must be KLEIN_PRECISION_FP32 or KLEIN_PRECISION_FAST");
+    if (p.backend != KLEIN_BACKEND_AUTO && p.backend != KLEIN_BACKEND_CPU && p.backend != KLEIN_BACKEND_CUDA)
+      return klein::invalid_argument(
+          "klein_model_open: backend must be KLEIN_BACKEND_AUTO, KLEIN_BACKEND_CPU or KLEIN_BACKEND_CUDA");
     klein::LoadOptions o;
     o.threads = p.threads;
     o.memory = p.memory == KLEIN_MEMORY_RESIDENT ? klein::MemoryPolicy::kResident : klein::MemoryPolicy::kLow;
@@ -69,6 +73,9 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.vae_tile = p.vae_tile;
     o.max_memory_gib = p.max_memory_gib;
     o.precision = p.precision == KLEIN_PRECISION_FAST ? klein::Precision::kFast : klein::Precision::kFp32;
+    o.backend = p.backend == KLEIN_BACKEND_CUDA  ? klein::BackendKind::kCuda
+                : p.backend == KLEIN_BACKEND_CPU ? klein::BackendKind::kCpu
+                                                 : klein::BackendKind::kAuto;
     auto m = klein::Model::open(path, o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};

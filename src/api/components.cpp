@@ -4,6 +4,9 @@
 #include <fstream>
 
 #include "kernels/registry.h"
+#ifdef KLEIN_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace klein::api {
 
@@ -18,12 +21,52 @@ Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options) {
   }
   if (options.precision != Precision::kFp32 && options.precision != Precision::kFast)
     return invalid_argument("precision: unknown value " + std::to_string(static_cast<int>(options.precision)));
+  KLEIN_ASSIGN_OR_RETURN([[maybe_unused]] const bool cuda, use_cuda(options));
   auto e = std::make_unique<Engine>();
+#ifdef KLEIN_HAS_CUDA
+  if (cuda) {
+    CudaBackendOptions co;
+    co.precision = options.precision == Precision::kFast ? CudaPrecision::kBf16 : CudaPrecision::kFp32;
+    co.host_threads = options.threads;
+    KLEIN_ASSIGN_OR_RETURN(e->backend, make_cuda_backend(co));
+    e->isa = options.isa;
+    return e;
+  }
+#endif
   e->backend = std::make_unique<CpuBackend>(CpuBackendOptions{
       options.threads, ceiling,
       options.precision == Precision::kFast ? kernels::Precision::kFast : kernels::Precision::kFp32});
   e->isa = options.isa;
   return e;
+}
+
+Result<bool> use_cuda(const LoadOptions& options) {
+  switch (options.backend) {
+    case BackendKind::kCpu:
+      return false;
+    case BackendKind::kAuto:
+    case BackendKind::kCuda:
+      break;
+    default:
+      return invalid_argument("backend: unknown value " + std::to_string(static_cast<int>(options.backend)));
+  }
+  const bool asked = options.backend == BackendKind::kCuda;
+#ifdef KLEIN_HAS_CUDA
+  if (options.max_memory_gib > 0) {
+    // The budget plans host memory: weights streamed from mapped files, the CPU's activations.
+    if (asked)
+      return unsupported("--backend cuda: --max-memory budgets host memory for the CPU backend and is not "
+                         "supported on the GPU (drop it, or use --backend cpu)");
+    return false;
+  }
+  auto n = cuda_device_count();
+  if (n.ok()) return true;
+  if (asked) return unsupported("--backend cuda: no CUDA device found (" + n.status().message() + ")");
+  return false;
+#else
+  if (asked) return unsupported("--backend cuda: this build has no CUDA backend (configure with -DKLEIN_CUDA=ON)");
+  return false;
+#endif
 }
 
 RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& callbacks) {

@@ -1,7 +1,7 @@
 // The engine's seams for the API layer, each in one place:
 //   * make_engine / make_run_context: the Backend that executes requests (a CpuBackend with the
-//     caller's threads and ISA ceiling; a GPU backend is chosen here too once there is one) and
-//     the per-request RunContext over it.
+//     caller's threads and ISA ceiling, or in -DKLEIN_CUDA=ON builds a CudaBackend, as
+//     LoadOptions::backend says) and the per-request RunContext over it.
 //   * load_text_encoder / load_transformer / load_vae: load a component and prepare its weights
 //     for the engine's backend.
 #pragma once
@@ -27,8 +27,12 @@ struct Engine {
   std::string isa;
 };
 
-// Validates `isa` ("" or a known ISA name) and creates the engine.
+// Validates `isa` ("" or a known ISA name) and `backend`, and creates the engine.
 Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options);
+// Whether `options` run on the CUDA backend: kCuda (or an error saying why it cannot: a build
+// without the backend, no device, a host-memory budget), kAuto when the build has it, a device
+// is visible and no budget is set; false for kCpu.
+Result<bool> use_cuda(const LoadOptions& options);
 
 // The per-request context: the engine, an optional dumper, the caller's callbacks.
 RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& callbacks);

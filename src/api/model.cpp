@@ -203,6 +203,10 @@ Model& Model::operator=(Model&&) noexcept = default;
 
 const LoadOptions& Model::load_options() const { return impl_->options; }
 
+std::string Model::backend_name() const {
+  return impl_->engine && impl_->engine->backend ? std::string(impl_->engine->backend->name()) : std::string();
+}
+
 Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOptions& options) {
   return api::guarded("open model", [&]() -> Result<std::unique_ptr<Model>> {
     auto m = std::make_unique<Impl>();

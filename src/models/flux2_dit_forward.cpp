@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/transfer.h"
 #include "models/bind.h"
 #include "models/flux2_dit.h"
 
@@ -204,13 +205,17 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   if (guidance && !std::isfinite(*guidance)) return invalid_argument("transformer: guidance is not finite");
   if (!ctx.backend) return invalid_argument("transformer: RunContext without a backend");
   Backend& be = ctx.be();
+  // Inputs from the host are uploaded once here (the pipeline passes them on the device already).
+  Tensor img_up, txt_up;
+  KLEIN_ASSIGN_OR_RETURN(const Tensor* img_d, on_device(be, img, img_up, "the image tokens"));
+  KLEIN_ASSIGN_OR_RETURN(const Tensor* txt_d, on_device(be, txt, txt_up, "the text embeddings"));
   {
-    KLEIN_ASSIGN_OR_RETURN(bool fi, be.all_finite(img));
-    KLEIN_ASSIGN_OR_RETURN(bool ft, be.all_finite(txt));
+    KLEIN_ASSIGN_OR_RETURN(bool fi, be.all_finite(*img_d));
+    KLEIN_ASSIGN_OR_RETURN(bool ft, be.all_finite(*txt_d));
     if (!fi) return invalid_argument("transformer: image tokens contain NaN/Inf");
     if (!ft) return invalid_argument("transformer: text embeddings contain NaN/Inf");
   }
-  const TensorView img_m = img.view().reshaped({N, Cin}), txt_m = txt.view().reshaped({T, J});
+  const TensorView img_m = img_d->view().reshaped({N, Cin}), txt_m = txt_d->view().reshaped({T, J});
   Step st;
   st.T = T, st.N = N, st.S = T + N;
   const int64_t S = st.S;

@@ -7,6 +7,7 @@
 // tensor and (with a 1×1 shortcut) the output — no full-size normalised copies.
 #include <cmath>
 
+#include "backend/transfer.h"
 #include "models/flux2_vae.h"
 
 namespace klein {
@@ -178,10 +179,12 @@ Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx, const Va
     return invalid_argument("vae decode: expected a latent [B, " + std::to_string(c.latent_channels) +
                             ", h, w], got " + shape_str(z.shape()));
   if (!ctx.backend) return invalid_argument("vae decode: RunContext without a backend");
-  KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(z));
+  Tensor z_up;
+  KLEIN_ASSIGN_OR_RETURN(const Tensor* zd, on_device(ctx.be(), z, z_up, "the latent"));
+  KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(*zd));
   if (!finite) return invalid_argument("vae decode: the latent has NaN or Inf values");
   const int64_t f = c.scale_factor(), tile = tile_size(f * z.dim(2), f * z.dim(3), tiling, true);
-  return per_item(ctx.be(), z, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling); });
+  return per_item(ctx.be(), *zd, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling); });
 }
 
 Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {
@@ -233,10 +236,12 @@ Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx,
     return invalid_argument("vae encode: image height and width must be positive multiples of " +
                             std::to_string(f) + ", got " + shape_str(image.shape()));
   if (!ctx.backend) return invalid_argument("vae encode: RunContext without a backend");
-  KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(image));
+  Tensor image_up;
+  KLEIN_ASSIGN_OR_RETURN(const Tensor* xd, on_device(ctx.be(), image, image_up, "the image"));
+  KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(*xd));
   if (!finite) return invalid_argument("vae encode: the image has NaN or Inf values");
   const int64_t tile = tile_size(image.dim(2), image.dim(3), tiling, false);
-  return per_item(ctx.be(), image, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling); });
+  return per_item(ctx.be(), *xd, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling); });
 }
 
 Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {

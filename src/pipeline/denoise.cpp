@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/transfer.h"
 #include "pipeline/latents.h"
 #include "pipeline/noise.h"
 
@@ -23,6 +24,8 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
   // rows go up and the N velocity rows come back (on the CPU backend, two small copies).
   Backend& be = ctx.be();
   Tensor latents = pack_latents(noise);  // [N, 128]
+  Tensor embeds_up;  // the prompt embeddings go to the device once, not once per step
+  KLEIN_ASSIGN_OR_RETURN(const Tensor* embeds, on_device(be, prompt_embeds, embeds_up, "the prompt embeddings"));
   KLEIN_ASSIGN_OR_RETURN(Tensor model_in, be.alloc({N + S_ref, 128}, "the transformer input"));
   if (S_ref) {
     KLEIN_ASSIGN_OR_RETURN(Tensor rt, be.upload(refs.tokens.data(), {S_ref, 128}, "the reference tokens"));
@@ -36,7 +39,7 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
       KLEIN_ASSIGN_OR_RETURN(Tensor x, be.upload(latents.data(), {N, 128}, "the latents"));
       KLEIN_RETURN_IF_ERROR(be.copy(x, model_in.view().row_range(0, N)));
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor out, dit.forward(model_in, prompt_embeds, t / 1000.0f, img_ids, txt_ids, ctx));
+    KLEIN_ASSIGN_OR_RETURN(Tensor out, dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx));
     // Only the noise tokens' prediction is used (the reference tokens' rows are dropped).
     KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out.view().reshaped({out.numel() / 128, 128}).row_range(0, N)));
     // The preview is x0 = x − σ_i·v of this step's input x, so it is made before the update.
@@ -64,7 +67,8 @@ Result<Tensor> decode_latents(const Flux2Vae& vae, Tensor z, const RunContext& c
   KLEIN_RETURN_IF_ERROR(denormalize_latents(z, vae.latent_stats()));
   KLEIN_ASSIGN_OR_RETURN(Tensor zu, unpatchify(z));  // [1, 32, 2*th, 2*tw]: the VAE's input
   ctx.dump("latents_final", zu);
-  KLEIN_ASSIGN_OR_RETURN(Tensor image, vae.decode(zu, ctx, tiling));
+  KLEIN_ASSIGN_OR_RETURN(Tensor dev, vae.decode(zu, ctx, tiling));
+  KLEIN_ASSIGN_OR_RETURN(Tensor image, to_host(ctx.be(), std::move(dev)));
   ctx.dump("image", image);
   if (!all_finite(image.data(), image.numel()))
     return vae.non_finite_status();  // names the non-finite weight (a data error) if there is one

@@ -1,5 +1,7 @@
 #include "pipeline/prompt_encoder.h"
 
+#include "backend/transfer.h"
+
 namespace klein {
 
 Result<PromptEncoding> encode_prompt(const Tokenizer& tok, const Qwen3Encoder& enc, const std::string& prompt,
@@ -9,7 +11,8 @@ Result<PromptEncoding> encode_prompt(const Tokenizer& tok, const Qwen3Encoder& e
   auto padded = tok.encode_padded(Tokenizer::klein_template(prompt), max_length);
   ctx.report("tokenize", 1, 1);
   ctx.report("encode", 0, kKleinTextLayersNeeded);
-  KLEIN_ASSIGN_OR_RETURN(Tensor emb, enc.encode(padded.ids, padded.mask, kKleinTextTaps, ctx));
+  KLEIN_ASSIGN_OR_RETURN(Tensor dev, enc.encode(padded.ids, padded.mask, kKleinTextTaps, ctx));
+  KLEIN_ASSIGN_OR_RETURN(Tensor emb, to_host(ctx.be(), std::move(dev)));  // the API hands out host arrays
   KLEIN_RETURN_IF_ERROR(emb.reshape({1, emb.dim(0), emb.dim(1)}));
   ctx.dump("prompt_embeds", emb);
   PromptEncoding r;

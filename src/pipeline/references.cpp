@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "backend/transfer.h"
 #include "io/image_reader.h"
 #include "pipeline/image_preprocess.h"
 #include "pipeline/latents.h"
@@ -25,7 +26,8 @@ Result<std::vector<Tensor>> encode_reference_latents(const Flux2Vae& vae, const 
   ctx.report("vae encode", 0, n);
   for (int i = 0; i < n; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("reference encoding"));
-    KLEIN_ASSIGN_OR_RETURN(Tensor mean, vae.encode_mean(refs[i].pixels, ctx, tiling));  // [1, 32, H/8, W/8]
+    KLEIN_ASSIGN_OR_RETURN(Tensor dev, vae.encode_mean(refs[i].pixels, ctx, tiling));  // [1, 32, H/8, W/8]
+    KLEIN_ASSIGN_OR_RETURN(Tensor mean, to_host(ctx.be(), std::move(dev)));
     // A non-finite latent comes from a non-finite weight: name it here, not as "NaN image tokens" later.
     if (!all_finite(mean.data(), mean.numel())) return vae.non_finite_status();
     KLEIN_ASSIGN_OR_RETURN(Tensor z, patchify(mean));                          // [1, 128, H/16, W/16]

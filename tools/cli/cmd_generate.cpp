@@ -23,7 +23,7 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 Command make_generate_command() {
   struct Opts {
     std::string model, prompt, prompt_file, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
-        memory = "low", isa, precision = "fp32", seed = "0";
+        memory = "low", isa, precision = "fp32", seed = "0", backend = "auto";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
     double max_memory = 0;
@@ -71,8 +71,9 @@ Command make_generate_command() {
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
                   "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
-                  "kernels (bf16 dot products, int8 W8A8 for Q8_ROW weights)")
+                  "kernels (bf16 dot products, int8 W8A8 for Q8_ROW weights), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
+    s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     prompt->each([o](const std::string&) { o->prompt_given = true; });
     return s;
@@ -111,6 +112,7 @@ Command make_generate_command() {
     lo.vae_tile = o->vae_tile;
     lo.max_memory_gib = o->max_memory;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
+    lo.backend = parse_backend(o->backend);
     GenerateRequest g;
     g.prompt = prompt;
     g.width = o->width;

@@ -43,7 +43,7 @@ Command make_tokenize_command() {
 
 Command make_encode_command() {
   struct Opts {
-    std::string model, prompt, prompt_file, out, dump, dump_filter;
+    std::string model, prompt, prompt_file, out, dump, dump_filter, backend = "auto";
     int threads = 0, max_length = 512;
     bool quiet = false, prompt_given = false;
   };
@@ -61,6 +61,7 @@ Command make_encode_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
+    s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
   };
@@ -70,6 +71,7 @@ Command make_encode_command() {
     if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
     LoadOptions lo;
     lo.threads = o->threads;
+    lo.backend = parse_backend(o->backend);
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
     Progress progress(o->quiet);

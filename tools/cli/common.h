@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "klein/klein.h"
 #include "klein/status.h"
 
 namespace klein::cli {
@@ -26,6 +27,12 @@ Status resolve_prompt(const std::string& prompt, bool prompt_given, const std::s
 // folder, and whose folder exists.
 Status check_output_path(const std::string& option, const std::string& out,
                          const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// --backend: "cpu", "cuda" or "auto" (CLI11 checks the name; anything else is auto).
+BackendKind parse_backend(const std::string& name);
+inline constexpr const char* kBackendHelp =
+    "cpu, cuda (an NVIDIA GPU; builds configured with -DKLEIN_CUDA=ON) or auto (default: cuda when this build has it "
+    "and a device is present, else cpu)";
 
 // "[1, 512, 7680]"
 std::string shape_text(const std::vector<int64_t>& shape);

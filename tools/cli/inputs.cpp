@@ -103,4 +103,10 @@ Status check_output_path(const std::string& option, const std::string& out,
   return Status::Ok();
 }
 
+BackendKind parse_backend(const std::string& name) {
+  if (name == "cpu") return BackendKind::kCpu;
+  if (name == "cuda") return BackendKind::kCuda;
+  return BackendKind::kAuto;
+}
+
 }  // namespace klein::cli

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "common.h"
 #include "klein/klein.h"
 #include "server.h"
 
@@ -11,7 +12,7 @@ namespace klein::cli {
 
 Command make_serve_command() {
   struct Opts {
-    std::string model, memory = "resident", isa, precision = "fp32";
+    std::string model, memory = "resident", isa, precision = "fp32", backend = "auto";
     int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0;
     double max_memory_gib = 0;
     server::ServerOptions s;
@@ -39,6 +40,7 @@ Command make_serve_command() {
         ->check(CLI::IsMember({"low", "resident"}));
     s->add_option("--isa", o->isa, "Highest instruction set for the kernels (default: the best)");
     s->add_option("--precision", o->precision, "fp32 (default, exact) or fast")->check(CLI::IsMember({"fp32", "fast"}));
+    s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_option("--vae-tile", o->vae_tile, "VAE tile size in pixels (default: automatic)")->check(CLI::Range(8, 8192));
     // Tests hold the loading state open to check what requests get meanwhile.
     s->add_option("--test-load-delay-ms", o->load_delay_ms)->group("")->check(CLI::Range(0, 600000));
@@ -53,6 +55,7 @@ Command make_serve_command() {
     so.queue.load.vae_tile = o->vae_tile;
     so.queue.load.max_memory_gib = o->max_memory_gib;
     so.queue.load.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
+    so.queue.load.backend = parse_backend(o->backend);
     so.queue.test_load_delay_ms = o->load_delay_ms;
     so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
     if (so.api_key.empty())

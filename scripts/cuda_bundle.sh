@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend's binaries here (build-cuda: -DKLEIN_CUDA=ON, sm_90 unless
+# CMAKE_CUDA_ARCHITECTURES says otherwise) and gathers what a GPU machine needs to run the
+# checks of scripts/cuda_device_check.sh into .cuda-bundle/ (ignored by git; carry it):
+#
+#   klein, klein_tests, klein-make_random_model, klein-bench_generate, lib/libklein.so*,
+#   lib/<every shared library they load that a bare machine may lack>, source_dir
+#
+# Not copied: the C and C++ runtimes, the CUDA driver (libcuda.so.1, the machine's own) and
+# libcublasLt.so.13 (about 540 MB, over what a call can carry): cuda_device_check.sh finds it
+# in the machine's CUDA 13 toolkit or in PyTorch's nvidia-cublas package. cudart is linked
+# statically. `source_dir` records this checkout's path, which the binaries have compiled in
+# (the tests' data, the CLI's default model); the device script links it to its own checkout.
+#
+#   scripts/cuda_bundle.sh [BUILD_DIR]        (default: build-cuda)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build-cuda}
+out=$root/.cuda-bundle
+
+nice cmake -S "$root" -B "$build" -G Ninja -DKLEIN_CUDA=ON
+nice cmake --build "$build" -j2 --target klein_tests klein_cli klein-make_random_model klein-bench_generate
+
+rm -rf "$out"
+mkdir -p "$out/lib"
+cp "$build/klein" "$build/tests/klein_tests" "$build/klein-make_random_model" "$build/klein-bench_generate" "$out/"
+cp -P "$build"/libklein.so* "$out/lib/"
+for bin in "$out"/klein "$out"/klein_tests "$out"/klein-make_random_model "$out"/klein-bench_generate "$out"/lib/libklein.so.*.*; do
+  ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | \
+      libcuda.so* | libcublasLt.so* | libcublas.so* | libklein.so*) ;;
+    *) cp -L "$lib" "$out/lib/" ;;
+  esac
+done
+strip --strip-unneeded "$out"/klein "$out"/klein_tests "$out"/klein-make_random_model "$out"/klein-bench_generate \
+  "$out"/lib/*.so* 2>/dev/null || true
+echo "$root" >"$out/source_dir"
+ls -la "$out" "$out/lib"
+du -sh "$out"
