@@ -21,6 +21,18 @@ Everything is seeded; running it twice gives byte-identical safetensors files.
 Usage (from the repository root, with the oracle venv, see scripts/reference/README.md):
     python scripts/reference/make_tiny_model.py            # writes tests/data/tiny + copies
     python scripts/reference/make_tiny_model.py --out DIR  # somewhere else
+    python scripts/reference/make_tiny_model.py --variant q4   # writes tests/data/tiny_q4 (below)
+
+Variants (--variant NAME) change some dimensions of the text encoder and the transformer and write
+ONLY text_encoder/ and transformer/ (to tests/data/tiny_<NAME>): the full model is tests/data/tiny
+with those two folders replaced (same tokenizer, scheduler, VAE and model_index.json), so the
+11 MB tokenizer and the VAE are not committed twice.
+  q4: every Linear layer of the tiny model has in_features 16, 32 or 96 except the single blocks'
+      to_out (128), so `klein quantize --type q4` (groups of 64 along the input) would leave the
+      text encoder entirely in bf16. This variant has in_features that are multiples of 64 in both
+      models: text encoder hidden 8 (the vocabulary embedding, 151936 x hidden, dominates the
+      size), 4 heads x head_dim 16 (o_proj in 64), intermediate 64 (down_proj in 64);
+      transformer inner dim 4 x 16 = 64 (MLP 192, single to_out 256), joint_attention_dim 24.
 """
 
 import argparse
@@ -141,6 +153,15 @@ SCHEDULER_CONFIG = dict(
 )
 
 
+# Dimension overrides of the variants (see the module docstring).
+VARIANTS = {
+    "q4": dict(
+        text_encoder=dict(hidden_size=8, intermediate_size=64, head_dim=16),
+        transformer=dict(num_attention_heads=4, joint_attention_dim=24),  # inner 64 = 4 x 16; 24 = 3 x 8
+    ),
+}
+
+
 def _is_norm_weight(name: str) -> bool:
     leaf = name.split(".")[-2] if name.endswith((".weight", ".bias")) else ""
     return "norm" in leaf
@@ -207,15 +228,16 @@ def init_vae(model: AutoencoderKLFlux2, gen: torch.Generator) -> None:
     bn.num_batches_tracked.fill_(1000)
 
 
-def build_pipeline() -> Flux2KleinPipeline:
+def build_pipeline(variant=None) -> Flux2KleinPipeline:
     torch.manual_seed(SEED)
     gen = torch.Generator("cpu").manual_seed(SEED)
+    over = VARIANTS[variant] if variant else {}
 
-    te_config = Qwen3Config(**TEXT_ENCODER_CONFIG)
+    te_config = Qwen3Config(**{**TEXT_ENCODER_CONFIG, **over.get("text_encoder", {})})
     text_encoder = Qwen3ForCausalLM(te_config).eval()
     init_text_encoder(text_encoder, gen)
 
-    transformer = Flux2Transformer2DModel(**TRANSFORMER_CONFIG).eval()
+    transformer = Flux2Transformer2DModel(**{**TRANSFORMER_CONFIG, **over.get("transformer", {})}).eval()
     init_transformer(transformer, gen)
 
     vae = AutoencoderKLFlux2(**VAE_CONFIG).eval()
@@ -275,12 +297,37 @@ def write_key_listing(tiny_dir: str, out_path: str) -> None:
         fh.write("\n".join(lines))
 
 
+DEFAULT_OUT = os.path.join(REPO_ROOT, "tests", "data", "tiny")
+
+
+def write_variant(variant: str, out) -> int:
+    """tests/data/tiny_<variant>/{text_encoder,transformer}: overlaid on tests/data/tiny."""
+    out = os.path.abspath(out or os.path.join(REPO_ROOT, "tests", "data", "tiny_" + variant))
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    pipe = build_pipeline(variant)
+    pipe.text_encoder.save_pretrained(os.path.join(out, "text_encoder"), safe_serialization=True)
+    pipe.transformer.save_pretrained(os.path.join(out, "transformer"), safe_serialization=True)
+    for comp in ("text_encoder", "transformer"):
+        m = getattr(pipe, comp)
+        print(f"  {comp}: {type(m).__name__} params={sum(p.numel() for p in m.parameters())}")
+    for root, _, files in sorted(os.walk(out)):
+        for f in sorted(files):
+            fp = os.path.join(root, f)
+            print(f"  {os.path.relpath(fp, os.path.dirname(out)):60s} {os.path.getsize(fp):>10d}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(REPO_ROOT, "tests", "data", "tiny"))
+    ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--keys-out", default=os.path.join(REPO_ROOT, "scripts", "reference", "tiny_keys.txt"))
     ap.add_argument("--no-vocab-merges", action="store_true", help="do not copy vocab.json/merges.txt")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), help="write tests/data/tiny_<variant> (text encoder and "
+                    "transformer only) instead of tests/data/tiny")
     args = ap.parse_args()
+    if args.variant:
+        return write_variant(args.variant, args.out if args.out != DEFAULT_OUT else None)
 
     out = os.path.abspath(args.out)
     data_root = os.path.dirname(out)

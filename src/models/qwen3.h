@@ -67,9 +67,16 @@ class Qwen3Encoder {
   // Dumps "te.hidden_<t>" for each tap and "te.layer<i>.*" intermediates when asked.
   Result<Tensor> encode(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask,
                         const std::vector<int>& taps, const RunContext& ctx) const;
+  // Decoder layers [first, last) applied to a given residual stream x [L, hidden] — a reference's
+  // hidden_states[first] — with the key-padding mask [L] (positions 0..L-1, as encode); returns
+  // hidden_states[last] (raw: the final norm is not applied). The teacher-forced tests compare
+  // single layers with it, so that a difference cannot come from the layers before.
+  Result<Tensor> run_layers(const Tensor& x, const std::vector<int32_t>& mask, int first, int last,
+                            const RunContext& ctx) const;
 
  private:
   struct Buffers;  // per-call activations shared by the layers (qwen3_forward.cpp)
+  Status make_buffers(int64_t L, Backend& be, Buffers& b) const;
   // One decoder layer on the residual stream x [L, H], in place.
   Status layer(int i, const TensorView& x, Buffers& b, const AttnMask& mask, const RunContext& ctx) const;
 

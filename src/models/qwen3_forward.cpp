@@ -64,12 +64,40 @@ Status Qwen3Encoder::layer(int i, const TensorView& x, Buffers& b, const AttnMas
   return Status::Ok();
 }
 
+// The activations of a forward over L tokens and the RoPE tables [L, D/2] (inv_freq in float32 as
+// transformers computes it; positions 0..L-1).
+Status Qwen3Encoder::make_buffers(int64_t L, Backend& be, Buffers& b) const {
+  const auto& c = cfg_;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
+  const int64_t I = c.intermediate_size;
+  const int64_t half = D / 2;
+  Tensor cosv({L, half}), sinv({L, half});
+  for (int64_t j = 0; j < half; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(D);
+    const float inv_freq = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(exponent)));
+    for (int64_t l = 0; l < L; ++l) {
+      const float ang = static_cast<float>(l) * inv_freq;
+      cosv.data()[l * half + j] = std::cos(ang);
+      sinv.data()[l * half + j] = std::sin(ang);
+    }
+  }
+
+  const std::pair<Tensor*, Shape> bufs[] = {{&b.h, {L, H}},        {&b.q, {L, Hq * D}},   {&b.k, {L, Hkv * D}},
+                                            {&b.v, {L, Hkv * D}},  {&b.att, {L, Hq * D}}, {&b.g, {L, I}},
+                                            {&b.u, {L, I}},        {&b.tmp, {L, H}}};
+  for (const auto& [t, shape] : bufs) {
+    KLEIN_ASSIGN_OR_RETURN(*t, be.alloc(shape, "text encoder activations"));
+  }
+  KLEIN_ASSIGN_OR_RETURN(b.cos, be.upload(cosv.data(), {L, half}, "RoPE cos"));
+  KLEIN_ASSIGN_OR_RETURN(b.sin, be.upload(sinv.data(), {L, half}, "RoPE sin"));
+  return Status::Ok();
+}
+
 Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask,
                                     const std::vector<int>& taps, const RunContext& ctx) const {
   const auto& c = cfg_;
   const int64_t L = static_cast<int64_t>(ids.size());
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
-  const int64_t I = c.intermediate_size;
+  const int64_t H = c.hidden_size;
   if (L == 0) return invalid_argument("text encoder: empty token sequence");
   if (mask.size() != ids.size()) return invalid_argument("text encoder: mask length differs from ids length");
   if (!ctx.backend) return invalid_argument("text encoder: RunContext without a backend");
@@ -90,19 +118,6 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
   KLEIN_ASSIGN_OR_RETURN(Tensor x, be.alloc({L, H}, "the text encoder's residual stream"));
   KLEIN_RETURN_IF_ERROR(be.gather_rows(embed_, ids, x));
 
-  // RoPE tables [L, D/2]: inv_freq in float32 as transformers computes it; positions 0..L-1.
-  const int64_t half = D / 2;
-  Tensor cosv({L, half}), sinv({L, half});
-  for (int64_t j = 0; j < half; ++j) {
-    const float exponent = static_cast<float>(2 * j) / static_cast<float>(D);
-    const float inv_freq = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(exponent)));
-    for (int64_t l = 0; l < L; ++l) {
-      const float ang = static_cast<float>(l) * inv_freq;
-      cosv.data()[l * half + j] = std::cos(ang);
-      sinv.data()[l * half + j] = std::sin(ang);
-    }
-  }
-
   std::vector<uint8_t> key_valid(L);
   for (int64_t l = 0; l < L; ++l) key_valid[l] = mask[l] != 0;
   const AttnMask amask{true, key_valid.data()};
@@ -120,14 +135,7 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
   KLEIN_RETURN_IF_ERROR(store_tap(0));
 
   Buffers b;
-  const std::pair<Tensor*, Shape> bufs[] = {{&b.h, {L, H}},        {&b.q, {L, Hq * D}},   {&b.k, {L, Hkv * D}},
-                                            {&b.v, {L, Hkv * D}},  {&b.att, {L, Hq * D}}, {&b.g, {L, I}},
-                                            {&b.u, {L, I}},        {&b.tmp, {L, H}}};
-  for (const auto& [t, shape] : bufs) {
-    KLEIN_ASSIGN_OR_RETURN(*t, be.alloc(shape, "text encoder activations"));
-  }
-  KLEIN_ASSIGN_OR_RETURN(b.cos, be.upload(cosv.data(), {L, half}, "RoPE cos"));
-  KLEIN_ASSIGN_OR_RETURN(b.sin, be.upload(sinv.data(), {L, half}, "RoPE sin"));
+  KLEIN_RETURN_IF_ERROR(make_buffers(L, be, b));
   for (int i = 0; i < max_tap; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("text encoding"));
     ctx.enter_block(i);
@@ -155,6 +163,28 @@ Result<Tensor> Qwen3Encoder::encode(const std::vector<int32_t>& ids, const std::
     });
   }
   return out;
+}
+
+// x_in: a host tensor [L, H].
+Result<Tensor> Qwen3Encoder::run_layers(const Tensor& x_in, const std::vector<int32_t>& mask, int first, int last,
+                                        const RunContext& ctx) const {
+  const int64_t L = static_cast<int64_t>(mask.size()), H = cfg_.hidden_size;
+  if (first < 0 || first > last || last > loaded_layers())
+    return invalid_argument("text encoder: layers [" + std::to_string(first) + ", " + std::to_string(last) +
+                            ") are not within the " + std::to_string(loaded_layers()) + " loaded");
+  if (x_in.shape() != Shape{L, H})
+    return invalid_argument("text encoder: hidden state " + shape_str(x_in.shape()) + ", expected [" +
+                            std::to_string(L) + ", " + std::to_string(H) + "]");
+  if (!ctx.backend) return invalid_argument("text encoder: RunContext without a backend");
+  Backend& be = ctx.be();
+  KLEIN_ASSIGN_OR_RETURN(Tensor x, be.upload(x_in.data(), {L, H}, "the text encoder's residual stream"));
+  Buffers b;
+  KLEIN_RETURN_IF_ERROR(make_buffers(L, be, b));
+  std::vector<uint8_t> key_valid(L);  // [L]
+  for (int64_t l = 0; l < L; ++l) key_valid[l] = mask[l] != 0;
+  const AttnMask amask{true, key_valid.data()};
+  for (int i = first; i < last; ++i) KLEIN_RETURN_IF_ERROR(layer(i, x, b, amask, ctx));
+  return x;
 }
 
 }  // namespace klein
