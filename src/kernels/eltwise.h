@@ -9,10 +9,13 @@
 //   * norm statistics are still summed in double, in another order (8 or 16 partial sums):
 //     after rounding to float, the mean / rstd / rms factor differ by at most 1 ulp;
 //   * products that the reference rounds before an add are fused (FMA): ≤ 1 ulp of the product;
-//   * exp is a vectorised Cephes-style exp (cpu/eltwise_avx2.cpp / eltwise_avx512.cpp: the
-//     Cephes expf polynomial after an FMA range reduction), ≤ 2 ulp from the correctly rounded
-//     result (checked in tests/test_eltwise.cpp), so silu / swiglu are within a few ulp of the
-//     reference's x / (1 + expf(−x)).
+//   * exp is vectorised (exp_cephes in cpu/eltwise_simd.h: the Cephes expf polynomial after an
+//     FMA range reduction): ≤ 1.01 ulp from the exact e^x, measured over every float in
+//     [-104, 89] (2.24e9 values; 22 of them above 1 ulp), overflow to inf, subnormals rounded
+//     once, NaN kept — so ≤ 2 ulp from libm's expf, and silu / swiglu stay within ~8 ulp
+//     (relative 2^-21) of the reference's x / (1 + expf(−x)).
+//   * nothing else: the SiLU divides (no reciprocal estimate), the norms round mean / rstd to
+//     float where the reference does.
 // tests/test_eltwise.cpp checks each ISA against the kScalar table with bounds derived from these.
 #pragma once
 
