@@ -427,6 +427,131 @@ TEST_P(BackendOps, ElementWise) {
   }
 }
 
+// Every element-wise op on column windows of wider buffers (row stride ≠ width, a window that
+// starts at an odd column), at widths that leave a tail for 8- and 16-lane vectors, and at a size
+// the backend splits over its threads; cells outside the windows must keep their sentinel.
+TEST_P(BackendOps, ElementWiseOddWidthsOnStridedViews) {
+  constexpr float kSentinel = 9.0f;
+  constexpr int64_t kOff = 3, kExtra = 6;  // window columns [3, 3 + C) of rows C + 6 wide
+  for (auto [R, heads, D] : {std::tuple<int64_t, int, int64_t>{5, 3, 6}, {3, 1, 38}, {40, 5, 622}}) {
+    const int64_t C = heads * D, ld = C + kExtra;
+    auto window = [&](const std::vector<float>& v) {  // [R, ld] with v in the window
+      std::vector<float> full(R * ld, kSentinel);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) full[r * ld + kOff + c] = v[r * C + c];
+      return full;
+    };
+    auto check = [&](const Tensor& t, const std::vector<double>& want, const char* what) {
+      const auto got = down(t);
+      std::vector<float> in(R * C);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < ld; ++c) {
+          if (c >= kOff && c < kOff + C) in[r * C + c - kOff] = got[r * ld + c];
+          else ASSERT_EQ(got[r * ld + c], kSentinel) << what << ": wrote outside the view, C=" << C;
+        }
+      expect_near(in, want, 2e-6, what);
+    };
+    const auto xs = randv(R * C, 40, -3.0f, 3.0f), os = randv(R * C, 41), ws = randv(C, 42), bs = randv(C, 43);
+    Tensor xt = up(window(xs), {R, ld}), yt = up(std::vector<float>(R * ld, kSentinel), {R, ld});
+    const TensorView x = xt.view().col_range(kOff, kOff + C), y = yt.view().col_range(kOff, kOff + C);
+    Tensor w = up(ws, {C}), b = up(bs, {C});
+    const float eps = 1e-6f;
+    std::vector<double> want(R * C);
+    // Norms (x → y, different buffers, both strided).
+    for (int64_t r = 0; r < R; ++r) {
+      double q = 0, s = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) q += double(xs[r * C + c]) * xs[r * C + c], s += xs[r * C + c];
+      const double mean = s / C;
+      for (int64_t c = 0; c < C; ++c) v += (xs[r * C + c] - mean) * (xs[r * C + c] - mean);
+      for (int64_t c = 0; c < C; ++c) want[r * C + c] = xs[r * C + c] / std::sqrt(q / C + eps) * ws[c];
+    }
+    ASSERT_TRUE(be->rms_norm(x, y, w, eps).ok());
+    check(yt, want, "rms_norm");
+    for (int64_t r = 0; r < R; ++r) {
+      double s = 0, v = 0;
+      for (int64_t c = 0; c < C; ++c) s += xs[r * C + c];
+      const double mean = s / C;
+      for (int64_t c = 0; c < C; ++c) v += (xs[r * C + c] - mean) * (xs[r * C + c] - mean);
+      for (int64_t c = 0; c < C; ++c) want[r * C + c] = (xs[r * C + c] - mean) / std::sqrt(v / C + eps) * ws[c] + bs[c];
+    }
+    ASSERT_TRUE(be->layer_norm(x, y, w, b, eps).ok());
+    check(yt, want, "layer_norm");
+    ASSERT_TRUE(be->modulated_layer_norm(x, y, w, b, eps).ok());
+    check(yt, want, "modulated_layer_norm");
+    // RoPE: half-split tables [R, D/2], interleaved [R, D]; qk_norm_rope with weight [D].
+    const auto ch = randv(R * D / 2, 44), sh = randv(R * D / 2, 45), cf = randv(R * D, 46), sf = randv(R * D, 47);
+    {
+      Tensor t = up(window(xs), {R, ld}), c = up(ch, {R, D / 2}), s = up(sh, {R, D / 2});
+      ASSERT_TRUE(be->rope_half(t.view().col_range(kOff, kOff + C), heads, c, s).ok());
+      for (int64_t r = 0; r < R; ++r)
+        for (int h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < D / 2; ++d) {
+            const int64_t i = r * C + h * D + d, j = i + D / 2;
+            const double cc = ch[r * D / 2 + d], ss = sh[r * D / 2 + d];
+            want[i] = xs[i] * cc - xs[j] * ss;
+            want[j] = xs[j] * cc + xs[i] * ss;
+          }
+      check(t, want, "rope_half");
+    }
+    auto interleaved = [&](const std::vector<double>& v) {
+      std::vector<double> o(v.size());
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; c += 2) {
+          const int64_t i = r * C + c, d = c % D;
+          o[i] = v[i] * cf[r * D + d] - v[i + 1] * sf[r * D + d];
+          o[i + 1] = v[i + 1] * cf[r * D + d + 1] + v[i] * sf[r * D + d + 1];
+        }
+      return o;
+    };
+    Tensor cft = up(cf, {R, D}), sft = up(sf, {R, D});
+    {
+      Tensor t = up(window(xs), {R, ld});
+      ASSERT_TRUE(be->rope_interleaved(t.view().col_range(kOff, kOff + C), heads, cft, sft).ok());
+      check(t, interleaved(std::vector<double>(xs.begin(), xs.end())), "rope_interleaved");
+    }
+    {
+      Tensor t = up(window(xs), {R, ld}), hw = up(std::vector<float>(ws.begin(), ws.begin() + D), {D});
+      ASSERT_TRUE(be->qk_norm_rope(t.view().col_range(kOff, kOff + C), heads, hw, eps, cft, sft).ok());
+      std::vector<double> n(R * C);
+      for (int64_t r = 0; r < R; ++r)
+        for (int h = 0; h < heads; ++h) {
+          double q = 0;
+          for (int64_t d = 0; d < D; ++d) q += double(xs[r * C + h * D + d]) * xs[r * C + h * D + d];
+          for (int64_t d = 0; d < D; ++d) n[r * C + h * D + d] = xs[r * C + h * D + d] / std::sqrt(q / D + eps) * ws[d];
+        }
+      check(t, interleaved(n), "qk_norm_rope");
+    }
+    // Activations and residuals, in place on the strided x window.
+    auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+    Tensor ot = up(window(os), {R, ld});
+    const TensorView o = ot.view().col_range(kOff, kOff + C);
+    ASSERT_TRUE(be->swiglu(x, o, y).ok());
+    for (int64_t i = 0; i < R * C; ++i) want[i] = silu(xs[i]) * os[i];
+    check(yt, want, "swiglu");
+    std::vector<double> h(xs.begin(), xs.end());
+    ASSERT_TRUE(be->gated_add(x, o, w).ok());
+    for (int64_t i = 0; i < R * C; ++i) h[i] += double(ws[i % C]) * os[i];
+    check(xt, h, "gated_add");
+    ASSERT_TRUE(be->add(x, o).ok());
+    for (int64_t i = 0; i < R * C; ++i) h[i] += os[i];
+    check(xt, h, "add");
+    ASSERT_TRUE(be->add_scalar(x, -0.5f, y).ok());
+    for (int64_t i = 0; i < R * C; ++i) want[i] = h[i] - 0.5;
+    check(yt, want, "add_scalar");
+    ASSERT_TRUE(be->silu(y).ok());
+    for (auto& v : want) v = silu(v);
+    check(yt, want, "silu");
+    ASSERT_TRUE(be->scale_shift(x, y, w, b, false).ok());
+    const auto hx = down(xt);
+    for (int64_t i = 0; i < R * C; ++i) want[i] = double(hx[(i / C) * ld + kOff + i % C]) * ws[i % C] + bs[i % C];
+    check(yt, want, "scale_shift columns");
+    const auto rs = randv(R, 48), rt = randv(R, 49);
+    ASSERT_TRUE(be->scale_shift(x, y, up(rs, {R}), up(rt, {R}), true).ok());
+    for (int64_t i = 0; i < R * C; ++i) want[i] = double(hx[(i / C) * ld + kOff + i % C]) * rs[i / C] + rt[i / C];
+    check(yt, want, "scale_shift rows");
+  }
+}
+
 TEST_P(BackendOps, CopyTransposeGatherFinite) {
   const int64_t R = 5, C = 7;
   const auto xs = randv(R * C, 29);

@@ -62,9 +62,9 @@ TEST(CpuFeatures, IsaNamesRoundTrip) {
 }
 
 // Each (op, format) the engine computes: linear and conv2d for every is_weight format, attention
-// on float32 activations.
+// and the element-wise table on float32 activations.
 std::vector<std::pair<Op, DType>> computed_pairs() {
-  std::vector<std::pair<Op, DType>> v = {{Op::kAttention, DType::kF32}};
+  std::vector<std::pair<Op, DType>> v = {{Op::kAttention, DType::kF32}, {Op::kElementwise, DType::kF32}};
   for (const FormatTraits& f : format_table())
     if (f.is_weight) {
       v.push_back({Op::kLinear, f.id});
@@ -94,8 +94,10 @@ TEST(KernelRegistry, SelectNeverLeavesAComputedPairEmpty) {
         EXPECT_EQ(e->format, fmt);
         EXPECT_TRUE(cpu->has(e->isa));
         EXPECT_LE(static_cast<int>(e->isa), c);
-        const bool fn = op == Op::kLinear ? e->linear != nullptr
-                        : op == Op::kAttention ? e->attention != nullptr : e->conv2d != nullptr;
+        const bool fn = op == Op::kLinear        ? e->linear != nullptr
+                        : op == Op::kAttention   ? e->attention != nullptr
+                        : op == Op::kElementwise ? e->eltwise != nullptr
+                                                 : e->conv2d != nullptr;
         EXPECT_TRUE(fn) << e->name;
       }
     }
@@ -125,12 +127,17 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
     EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, gemm);
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, Isa::kAvx2);
+    EXPECT_EQ(best.get(Op::kElementwise, DType::kF32).isa, gemm);  // AVX-512 where the CPU has it
+    EXPECT_EQ(&best.eltwise(), best.get(Op::kElementwise, DType::kF32).eltwise);
     // An ISA with no kernels of its own falls back to the next lower one that has them.
     if (CpuFeatures::host().has(Isa::kAvx512Vnni))
       EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvx512Vnni).get(Op::kLinear, DType::kF32).isa,
                 Isa::kAvx512);
-    if (CpuFeatures::host().has(Isa::kAvxVnni))
+    if (CpuFeatures::host().has(Isa::kAvxVnni)) {
       EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvxVnni).get(Op::kLinear, DType::kF32).isa, Isa::kAvx2);
+      EXPECT_EQ(KernelSet::select(CpuFeatures::host(), Isa::kAvxVnni).get(Op::kElementwise, DType::kF32).name,
+                "eltwise_avx2");
+    }
   }
 #endif
   // A ceiling the CPU lacks is lowered to what it has.
@@ -203,6 +210,7 @@ TEST(KernelRegistry, DescribeListsEveryPair) {
   EXPECT_NE(cpu.find("features: " + CpuFeatures::host().flags() + "\n"), std::string::npos) << cpu;
   EXPECT_NE(cpu.find("isas: scalar"), std::string::npos) << cpu;
   EXPECT_NE(cpu.find("  linear BF16: "), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("  elementwise F32: "), std::string::npos) << cpu;
   EXPECT_NE(cpu.find("precision fp32"), std::string::npos) << cpu;
   std::printf("%s", cpu.c_str());
 

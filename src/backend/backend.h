@@ -10,8 +10,9 @@
 // synchronously from the caller's point of view (a GPU backend may queue work, but a later
 // download() or sync() sees the results).
 //
-// Every op has a scalar reference in src/kernels/ref (or, for the element-wise ops, the portable
-// loop in src/kernels/ops.cpp) that the tests compare each backend and ISA against.
+// Every op has a scalar reference in src/kernels/ref (the element-wise ones in
+// ref/elementwise.h, the kScalar row of kernels/eltwise.h) that the tests compare each backend
+// and ISA against.
 #pragma once
 
 #include <cstdint>

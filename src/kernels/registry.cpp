@@ -2,6 +2,7 @@
 // format the kernels can compute with (is_weight) gets a scalar linear and conv2d (they expand
 // rows through weight_row_to_f32), and on x86 builds an AVX2 one (the GEMM streams f32/f16/bf16
 // panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
+// The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
 // AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format.
 #include "kernels/registry.h"
@@ -38,6 +39,14 @@ std::vector<KernelEntry> build_table() {
   add_isa(Isa::kAvx2, "gemm_avx2", avx2::linear, "flash_attention_avx2", avx2::attention, "conv2d_avx2",
           avx2::conv2d);
 #endif
+  auto add_eltwise = [&](Isa isa, std::string_view name, const EltwiseFns& fns) {
+    t.push_back({.op = Op::kElementwise, .format = DType::kF32, .isa = isa, .name = name, .eltwise = &fns});
+  };
+  add_eltwise(Isa::kScalar, "eltwise_ref", scalar::eltwise());
+#if defined(KLEIN_X86)
+  add_eltwise(Isa::kAvx2, "eltwise_avx2", avx2::eltwise());
+  add_eltwise(Isa::kAvx512, "eltwise_avx512", avx512::eltwise());
+#endif
   auto add_linear = [&](Isa isa, DType f, std::string_view name, LinearFn fn, bool fast) {
     t.push_back({.op = Op::kLinear, .format = f, .isa = isa, .name = name, .fast = fast, .linear = fn});
   };
@@ -65,6 +74,7 @@ std::string_view op_name(Op op) {
     case Op::kLinear: return "linear";
     case Op::kAttention: return "attention";
     case Op::kConv2d: return "conv2d";
+    case Op::kElementwise: return "elementwise";
     case Op::kCount: break;
   }
   return "unknown";

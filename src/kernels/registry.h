@@ -13,11 +13,14 @@
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/conv2d.h"
+#include "kernels/eltwise.h"
 #include "kernels/kernels.h"
 
 namespace klein::kernels {
 
-enum class Op : uint8_t { kLinear, kAttention, kConv2d, kCount };
+// kElementwise: the table of norm / RoPE / activation / residual row kernels (kernels/eltwise.h),
+// registered with format kF32 (activations only), one row per ISA.
+enum class Op : uint8_t { kLinear, kAttention, kConv2d, kElementwise, kCount };
 std::string_view op_name(Op op);
 
 // Which arithmetic a KernelSet may use. kFp32: float32 arithmetic on the stored weights (the
@@ -47,6 +50,7 @@ struct KernelEntry {
   LinearFn linear = nullptr;
   AttentionFn attention = nullptr;
   Conv2dFn conv2d = nullptr;
+  const EltwiseFns* eltwise = nullptr;
 };
 
 // Every kernel compiled into this build.
@@ -64,6 +68,9 @@ class KernelSet {
   // (a weight of a non-weight format such as I32 reaching a kernel).
   const KernelEntry& get(Op op, DType format) const;
   const KernelEntry* find(Op op, DType format) const;  // null when there is none
+  // The chosen element-wise kernels (every set has them: the kScalar row at least).
+  const EltwiseFns& eltwise() const { return *get(Op::kElementwise, DType::kF32).eltwise; }
+  std::string_view eltwise_name() const { return get(Op::kElementwise, DType::kF32).name; }
   // The highest ISA this set may use: the ceiling, lowered to the best the CPU has.
   Isa max_isa() const { return max_isa_; }
   Precision precision() const { return precision_; }

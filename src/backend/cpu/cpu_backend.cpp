@@ -1,7 +1,8 @@
-// CPU backend: view checks, then the selected kernels (GEMM, attention, conv) or the portable
-// element-wise loops of kernels/ops.h, parallelised over rows on the backend's pool.
+// CPU backend: view checks, then the kernels its KernelSet selected (GEMM, attention, conv and
+// the element-wise table of kernels/eltwise.h), parallelised over rows on the backend's pool.
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -13,7 +14,20 @@
 namespace klein {
 namespace {
 
-constexpr int64_t kRowGrain = 4;  // rows per parallel_for chunk lower bound for row ops
+// Row ops split rows over the pool in chunks of at least this many floats: a wake-up of the
+// pool costs microseconds, so the [1, D] modulation vectors and other small ops run inline.
+constexpr int64_t kMinChunkFloats = int64_t{1} << 14;
+
+// fn(r) for every row r < rows of a [rows, cols] op, rows split over the pool.
+template <class F>
+void for_rows_on(ThreadPool& pool, int64_t rows, int64_t cols, F&& fn) {
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(r);
+  }, std::max<int64_t>(1, kMinChunkFloats / std::max<int64_t>(1, cols)));
+}
+
+// The first float of row r of a checked float32 matrix view.
+float* row(const TensorView& v, int64_t r) { return v.f32() + r * v.ld(); }
 
 Status bad(const std::string& op, const std::string& what) {
   return internal_error("cpu backend: " + op + ": " + what);
@@ -153,8 +167,9 @@ Status CpuBackend::rms_norm(const TensorView& x, const TensorView& y, const Tens
   KLEIN_RETURN_IF_ERROR(check_mat("rms_norm", "y", y));
   KLEIN_RETURN_IF_ERROR(check_same("rms_norm", x, y));
   if (!w.empty()) KLEIN_RETURN_IF_ERROR(check_vec("rms_norm", "w", w, x.cols()));
-  if (x.ld() != y.ld()) return bad("rms_norm", "x and y strides differ");
-  ops::rms_norm(x.f32(), y.f32(), w.empty() ? nullptr : w.f32(), x.rows(), x.cols(), eps, &pool_, x.ld());
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  const float* wt = w.empty() ? nullptr : w.f32();
+  for_rows_on(pool_, x.rows(), x.cols(), [&](int64_t r) { k.rms_norm(row(x, r), row(y, r), wt, x.cols(), eps); });
   return Status::Ok();
 }
 
@@ -165,9 +180,10 @@ Status CpuBackend::layer_norm(const TensorView& x, const TensorView& y, const Te
   KLEIN_RETURN_IF_ERROR(check_same("layer_norm", x, y));
   if (!w.empty()) KLEIN_RETURN_IF_ERROR(check_vec("layer_norm", "w", w, x.cols()));
   if (!b.empty()) KLEIN_RETURN_IF_ERROR(check_vec("layer_norm", "b", b, x.cols()));
-  if (x.ld() != x.cols() || y.ld() != y.cols()) return bad("layer_norm", "rows must be contiguous");
-  ops::layer_norm(x.f32(), y.f32(), w.empty() ? nullptr : w.f32(), b.empty() ? nullptr : b.f32(), x.rows(),
-                  x.cols(), eps, &pool_);
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  const float *wt = w.empty() ? nullptr : w.f32(), *bt = b.empty() ? nullptr : b.f32();
+  for_rows_on(pool_, x.rows(), x.cols(),
+              [&](int64_t r) { k.layer_norm(row(x, r), row(y, r), wt, bt, x.cols(), eps); });
   return Status::Ok();
 }
 
@@ -178,12 +194,11 @@ Status CpuBackend::modulated_layer_norm(const TensorView& x, const TensorView& y
   KLEIN_RETURN_IF_ERROR(check_same("modulated_layer_norm", x, y));
   KLEIN_RETURN_IF_ERROR(check_vec("modulated_layer_norm", "onep", onep, x.cols()));
   KLEIN_RETURN_IF_ERROR(check_vec("modulated_layer_norm", "shift", shift, x.cols()));
-  const int64_t D = x.cols(), ldx = x.ld(), ldy = y.ld();
-  const float *xs = x.f32(), *op = onep.f32(), *sh = shift.f32();
-  float* ys = y.f32();
-  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) ops::modulated_layer_norm_row(xs + r * ldx, ys + r * ldy, D, eps, op, sh);
-  }, kRowGrain);
+  // LN(x)·onep + shift is the affine LayerNorm with w = onep, b = shift.
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  const float *op = onep.f32(), *sh = shift.f32();
+  for_rows_on(pool_, x.rows(), x.cols(),
+              [&](int64_t r) { k.layer_norm(row(x, r), row(y, r), op, sh, x.cols(), eps); });
   return Status::Ok();
 }
 
@@ -197,13 +212,17 @@ Status CpuBackend::group_norm_affine(const TensorView& x, const Weight& gamma, c
   KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine", "scale", scale, C));
   KLEIN_RETURN_IF_ERROR(check_vec("group_norm_affine", "shift", shift, C));
   const std::vector<float> g = weight_to_vector(gamma), b = weight_to_vector(beta);
-  const int64_t cpg = C / groups;
+  const int64_t cpg = C / groups, n = cpg * HW;
+  if (n == 0) return bad("group_norm_affine", "a group has no values");
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   const float* xs = x.f32();
   float *sc = scale.f32(), *sh = shift.f32();
   pool_.parallel_for(groups, [&](int64_t gb, int64_t ge) {
-    for (int64_t gi = gb; gi < ge; ++gi)
-      ops::group_norm_affine_group(xs + gi * cpg * HW, cpg, HW, eps, g.data() + gi * cpg, b.data() + gi * cpg,
-                                   sc + gi * cpg, sh + gi * cpg);
+    for (int64_t gi = gb; gi < ge; ++gi) {
+      const ops::Moments m = k.moments(xs + gi * n, n);
+      ops::group_norm_affine_from_moments(m.mean, m.m2 / static_cast<double>(n), cpg, eps, g.data() + gi * cpg,
+                                          b.data() + gi * cpg, sc + gi * cpg, sh + gi * cpg);
+    }
   });
   return Status::Ok();
 }
@@ -219,9 +238,10 @@ Status CpuBackend::group_norm_stats(const TensorView& x, int64_t groups, GroupSt
     return bad("group_norm_stats", "accumulator sized for another group count");
   const int64_t n = C / groups * HW;
   if (n == 0) return Status::Ok();
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   std::vector<ops::Moments> part(groups);
   pool_.parallel_for(groups, [&](int64_t gb, int64_t ge) {
-    for (int64_t gi = gb; gi < ge; ++gi) part[gi] = ops::moments(x.f32() + gi * n, n);
+    for (int64_t gi = gb; gi < ge; ++gi) part[gi] = k.moments(x.f32() + gi * n, n);
   });
   for (int64_t gi = 0; gi < groups; ++gi) {  // Chan et al.: merge (count, mean, M2) pairs
     const double na = acc.count[gi], nb = static_cast<double>(n), nt = na + nb;
@@ -256,10 +276,13 @@ Status CpuBackend::group_norm_affine_from_stats(const GroupStats& st, const Weig
 Status CpuBackend::rope_half(const TensorView& x, int heads, const TensorView& cos, const TensorView& sin) {
   KLEIN_RETURN_IF_ERROR(check_mat("rope_half", "x", x));
   if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0) return bad("rope_half", "bad head dim");
-  const int64_t D = x.cols() / heads;
-  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "cos", cos, x.rows() * (D / 2)));
-  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "sin", sin, x.rows() * (D / 2)));
-  ops::rope_half(x.f32(), x.rows(), heads, D, x.ld(), cos.f32(), sin.f32());
+  const int64_t D = x.cols() / heads, half = D / 2;
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "cos", cos, x.rows() * half));
+  KLEIN_RETURN_IF_ERROR(check_vec("rope_half", "sin", sin, x.rows() * half));
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  const float *c = cos.f32(), *s = sin.f32();
+  for_rows_on(pool_, x.rows(), x.cols(),
+              [&](int64_t r) { k.rope_half(row(x, r), heads, D, c + r * half, s + r * half); });
   return Status::Ok();
 }
 
@@ -267,15 +290,13 @@ Status CpuBackend::rope_interleaved(const TensorView& x, int heads, const Tensor
   KLEIN_RETURN_IF_ERROR(check_mat("rope_interleaved", "x", x));
   if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0)
     return bad("rope_interleaved", "bad head dim");
-  const int64_t D = x.cols() / heads, ld = x.ld();
+  const int64_t D = x.cols() / heads;
   KLEIN_RETURN_IF_ERROR(check_vec("rope_interleaved", "cos", cos, x.rows() * D));
   KLEIN_RETURN_IF_ERROR(check_vec("rope_interleaved", "sin", sin, x.rows() * D));
-  float* xs = x.f32();
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   const float *c = cos.f32(), *s = sin.f32();
-  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int h = 0; h < heads; ++h) ops::rope_interleaved_head(xs + r * ld + h * D, D, c + r * D, s + r * D);
-  }, kRowGrain);
+  for_rows_on(pool_, x.rows(), x.cols(),
+              [&](int64_t r) { k.rope_interleaved(row(x, r), heads, D, c + r * D, s + r * D); });
   return Status::Ok();
 }
 
@@ -283,20 +304,14 @@ Status CpuBackend::qk_norm_rope(const TensorView& x, int heads, const TensorView
                                 const TensorView& sin) {
   KLEIN_RETURN_IF_ERROR(check_mat("qk_norm_rope", "x", x));
   if (heads <= 0 || x.cols() % heads != 0 || (x.cols() / heads) % 2 != 0) return bad("qk_norm_rope", "bad head dim");
-  const int64_t D = x.cols() / heads, ld = x.ld();
+  const int64_t D = x.cols() / heads;
   KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "w", w, D));
   KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "cos", cos, x.rows() * D));
   KLEIN_RETURN_IF_ERROR(check_vec("qk_norm_rope", "sin", sin, x.rows() * D));
-  float* xs = x.f32();
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   const float *wt = w.f32(), *c = cos.f32(), *s = sin.f32();
-  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int h = 0; h < heads; ++h) {
-        float* v = xs + r * ld + h * D;
-        ops::rms_norm_head(v, D, wt, eps);
-        ops::rope_interleaved_head(v, D, c + r * D, s + r * D);
-      }
-  }, kRowGrain);
+  for_rows_on(pool_, x.rows(), x.cols(),
+              [&](int64_t r) { k.qk_norm_rope(row(x, r), heads, D, wt, eps, c + r * D, s + r * D); });
   return Status::Ok();
 }
 
@@ -308,11 +323,9 @@ Status CpuBackend::swiglu(const TensorView& gate, const TensorView& up, const Te
   KLEIN_RETURN_IF_ERROR(check_mat("swiglu", "out", out));
   KLEIN_RETURN_IF_ERROR(check_same("swiglu", gate, up));
   KLEIN_RETURN_IF_ERROR(check_same("swiglu", gate, out));
-  const int64_t F = gate.cols();
-  pool_.parallel_for(gate.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      ops::silu_mul(gate.f32() + r * gate.ld(), up.f32() + r * up.ld(), out.f32() + r * out.ld(), F);
-  }, kRowGrain);
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  for_rows_on(pool_, gate.rows(), gate.cols(),
+              [&](int64_t r) { k.silu_mul(row(gate, r), row(up, r), row(out, r), gate.cols()); });
   return Status::Ok();
 }
 
@@ -321,15 +334,9 @@ Status CpuBackend::gated_add(const TensorView& h, const TensorView& o, const Ten
   KLEIN_RETURN_IF_ERROR(check_mat("gated_add", "o", o));
   KLEIN_RETURN_IF_ERROR(check_same("gated_add", h, o));
   KLEIN_RETURN_IF_ERROR(check_vec("gated_add", "gate", gate, h.cols()));
-  const int64_t D = h.cols();
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   const float* g = gate.f32();
-  pool_.parallel_for(h.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* hr = h.f32() + r * h.ld();
-      const float* orow = o.f32() + r * o.ld();
-      for (int64_t i = 0; i < D; ++i) hr[i] += g[i] * orow[i];
-    }
-  }, kRowGrain);
+  for_rows_on(pool_, h.rows(), h.cols(), [&](int64_t r) { k.gated_add(row(h, r), row(o, r), g, h.cols()); });
   return Status::Ok();
 }
 
@@ -337,12 +344,8 @@ Status CpuBackend::add(const TensorView& y, const TensorView& x) {
   KLEIN_RETURN_IF_ERROR(check_mat("add", "y", y));
   KLEIN_RETURN_IF_ERROR(check_mat("add", "x", x));
   KLEIN_RETURN_IF_ERROR(check_same("add", y, x));
-  const int64_t n = y.cols();
-  for (int64_t r = 0; r < y.rows(); ++r) {
-    float* yr = y.f32() + r * y.ld();
-    const float* xr = x.f32() + r * x.ld();
-    for (int64_t i = 0; i < n; ++i) yr[i] += xr[i];
-  }
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  for_rows_on(pool_, y.rows(), y.cols(), [&](int64_t r) { k.add(row(y, r), row(x, r), y.cols()); });
   return Status::Ok();
 }
 
@@ -350,14 +353,15 @@ Status CpuBackend::add_scalar(const TensorView& x, float c, const TensorView& y)
   KLEIN_RETURN_IF_ERROR(check_mat("add_scalar", "x", x));
   KLEIN_RETURN_IF_ERROR(check_mat("add_scalar", "y", y));
   KLEIN_RETURN_IF_ERROR(check_same("add_scalar", x, y));
-  for (int64_t r = 0; r < x.rows(); ++r)
-    for (int64_t i = 0; i < x.cols(); ++i) y.f32()[r * y.ld() + i] = c + x.f32()[r * x.ld() + i];
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  for_rows_on(pool_, x.rows(), x.cols(), [&](int64_t r) { k.add_scalar(row(x, r), c, row(y, r), x.cols()); });
   return Status::Ok();
 }
 
 Status CpuBackend::silu(const TensorView& x) {
   KLEIN_RETURN_IF_ERROR(check_mat("silu", "x", x));
-  for (int64_t r = 0; r < x.rows(); ++r) ops::silu(x.f32() + r * x.ld(), x.cols());
+  const kernels::EltwiseFns& k = kernels_.eltwise();
+  for_rows_on(pool_, x.rows(), x.cols(), [&](int64_t r) { k.silu(row(x, r), x.cols()); });
   return Status::Ok();
 }
 
@@ -369,16 +373,11 @@ Status CpuBackend::scale_shift(const TensorView& x, const TensorView& y, const T
   const int64_t n = per_row ? x.rows() : x.cols();
   KLEIN_RETURN_IF_ERROR(check_vec("scale_shift", "scale", scale, n));
   KLEIN_RETURN_IF_ERROR(check_vec("scale_shift", "shift", shift, n));
+  const kernels::EltwiseFns& k = kernels_.eltwise();
   const float *sc = scale.f32(), *sh = shift.f32();
-  pool_.parallel_for(x.rows(), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x.f32() + r * x.ld();
-      float* yr = y.f32() + r * y.ld();
-      if (per_row)
-        for (int64_t i = 0; i < x.cols(); ++i) yr[i] = xr[i] * sc[r] + sh[r];
-      else
-        for (int64_t i = 0; i < x.cols(); ++i) yr[i] = xr[i] * sc[i] + sh[i];
-    }
+  for_rows_on(pool_, x.rows(), x.cols(), [&](int64_t r) {
+    if (per_row) k.scale_shift1(row(x, r), row(y, r), sc[r], sh[r], x.cols());
+    else k.scale_shift(row(x, r), row(y, r), sc, sh, x.cols());
   });
   return Status::Ok();
 }

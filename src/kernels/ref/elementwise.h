@@ -1,8 +1,7 @@
-// The element-wise and normalisation ops (norms, activations, RoPE) in plain scalar C++: the
-// reference the Backend's element-wise ops are specified by, and for now also the CPU backend's
-// implementation of them (they are a few percent of an fp32 run next to the GEMMs; SIMD versions
-// join the kernel registry beside these when the GEMMs get faster). Statistics accumulate in
-// double for 1e-6-level parity with torch's float32 results.
+// The element-wise and normalisation ops (norms, activations, RoPE, residuals) in plain scalar
+// C++: the reference the Backend's element-wise ops are specified by, and the kScalar row of the
+// registry's element-wise kernels (kernels/eltwise.h; the AVX2 / AVX-512 rows are tested against
+// these). Statistics accumulate in double for 1e-6-level parity with torch's float32 results.
 #pragma once
 
 #include <cstdint>
@@ -22,22 +21,27 @@ void layer_norm(const float* x, float* y, const float* w, const float* b, int64_
 void silu(float* x, int64_t n);
 // out[i] = silu(a[i]) * b[i].
 void silu_mul(const float* a, const float* b, float* out, int64_t n);
-// GELU with tanh approximation (as torch approximate="tanh").
+// GELU with tanh approximation (as torch approximate="tanh"). No model uses it (FLUX.2 and
+// Qwen3 use SiLU), so it has no SIMD version.
 void gelu_tanh(float* x, int64_t n);
+// y = e^x (std::exp).
+void exp(const float* x, float* y, int64_t n);
 
-// One row of a modulated LayerNorm (no affine, biased variance): y = LN(x)·onep + shift.
-void modulated_layer_norm_row(const float* x, float* y, int64_t n, float eps, const float* onep,
-                              const float* shift);
-// One GroupNorm group (cpg channels × hw values at x) as a per-channel affine:
-// scale[c] = gamma[c]·rstd, shift[c] = beta[c] − mean·scale[c]; two-pass statistics in double.
-void group_norm_affine_group(const float* x, int64_t cpg, int64_t hw, double eps, const float* gamma,
-                             const float* beta, float* scale, float* shift);
+// Residuals and modulation: h += g·o; y += x; y = x + c; y = x·scale[i] + shift[i];
+// y = x·s + t (one pair for the whole row).
+void gated_add(float* h, const float* o, const float* g, int64_t n);
+void add(float* y, const float* x, int64_t n);
+void add_scalar(const float* x, float c, float* y, int64_t n);
+void scale_shift(const float* x, float* y, const float* scale, const float* shift, int64_t n);
+void scale_shift1(const float* x, float* y, float s, float t, int64_t n);
+
 // Mean and M2 = Σ(x − mean)² of x[0, n), two passes in double (the tiled GroupNorm's partials).
 struct Moments {
   double mean, m2;
 };
 Moments moments(const float* x, int64_t n);
-// group_norm_affine_group's affine for cpg channels from a group's mean and biased variance.
+// GroupNorm's per-channel affine for cpg channels from a group's mean and biased variance:
+// scale[c] = gamma[c]·rstd, shift[c] = beta[c] − mean·scale[c] (mean and rstd rounded to float).
 void group_norm_affine_from_moments(double mean, double var, int64_t cpg, double eps, const float* gamma,
                                     const float* beta, float* scale, float* shift);
 // Half-split RoPE in place on x [L, heads, D] at row stride ld; cos/sin [L, D/2].

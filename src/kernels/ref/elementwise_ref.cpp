@@ -78,29 +78,35 @@ void silu_mul(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
 }
 
+void exp(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+void gated_add(float* h, const float* o, const float* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] += g[i] * o[i];
+}
+
+void add(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void add_scalar(const float* x, float c, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = c + x[i];
+}
+
+void scale_shift(const float* x, float* y, const float* scale, const float* shift, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale[i] + shift[i];
+}
+
+void scale_shift1(const float* x, float* y, float s, float t, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + t;
+}
+
 void gelu_tanh(float* x, int64_t n) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     x[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
-  }
-}
-
-void modulated_layer_norm_row(const float* xr, float* yr, int64_t D, float eps, const float* onep,
-                              const float* shift) {
-  const MeanRstd st = mean_rstd(xr, D, eps);
-  for (int64_t i = 0; i < D; ++i) {
-    const float n = (xr[i] - st.mean) * st.rstd;
-    yr[i] = onep[i] * n + shift[i];
-  }
-}
-
-void group_norm_affine_group(const float* p, int64_t cpg, int64_t hw, double eps, const float* gamma,
-                             const float* beta, float* scale, float* shift) {
-  const MeanRstd st = mean_rstd(p, cpg * hw, eps);
-  for (int64_t c = 0; c < cpg; ++c) {
-    scale[c] = gamma[c] * st.rstd;
-    shift[c] = beta[c] - st.mean * scale[c];
   }
 }
 
@@ -116,7 +122,7 @@ Moments moments(const float* x, int64_t n) {
   return {mean, m2};
 }
 
-// Rounded as mean_rstd does, so tiled and whole-tensor GroupNorm agree.
+// Rounded as mean_rstd does (LayerNorm), so tiled and whole-tensor GroupNorm agree.
 void group_norm_affine_from_moments(double mean, double var, int64_t cpg, double eps, const float* gamma,
                                     const float* beta, float* scale, float* shift) {
   const float m = static_cast<float>(mean), rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
