@@ -1,24 +1,48 @@
 #include "testing.h"
 
-#include <cstdlib>
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <sys/wait.h>
+#include <system_error>
 #include <unistd.h>
+#include <vector>
 
 namespace klein::testing {
 
 std::filesystem::path data_dir() { return KLEIN_TEST_DATA; }
 std::filesystem::path tiny_model_dir() { return data_dir() / "tiny"; }
 
+namespace {
+// Every folder make_temp_dir made, removed when the test process exits (each ctest test is its own
+// process), so tests that return early on a failed assertion leave nothing in /tmp either.
+// KLEIN_TEST_KEEP=1 keeps them for debugging.
+struct TempDirs {
+  std::vector<std::filesystem::path> dirs;
+  ~TempDirs() {
+    const char* keep = std::getenv("KLEIN_TEST_KEEP");
+    if (keep && *keep && std::string(keep) != "0") return;
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  }
+};
+TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+}  // namespace
+
 std::filesystem::path make_temp_dir(const std::string& tag) {
   std::random_device rd;
   auto base = std::filesystem::temp_directory_path() /
               ("klein_test_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rd()));
   std::filesystem::create_directories(base);
+  temp_dirs().dirs.push_back(base);
   return base;
 }
 
