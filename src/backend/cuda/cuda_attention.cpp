@@ -23,17 +23,8 @@ namespace {
 
 constexpr int64_t kScoreChunkBytes = int64_t{512} << 20;  // f32 scores + bf16 probabilities of a chunk
 
-Status bad(const std::string& op, const std::string& what) {
-  return internal_error("cuda backend: " + op + ": " + what);
-}
-
-Status check_mat(const std::string& op, const char* arg, const TensorView& v) {
-  if (v.empty() && v.numel() != 0) return bad(op, std::string(arg) + " is null");
-  if (v.dtype != DType::kF32) return bad(op, std::string(arg) + " is not float32");
-  if (v.device != Device::kCuda) return bad(op, std::string(arg) + " is not in device memory (upload it first)");
-  if (!v.matrix_ok()) return bad(op, std::string(arg) + " is not a row-strided matrix");
-  return Status::Ok();
-}
+using cuda_util::bad;
+using cuda_util::check_mat;
 
 }  // namespace
 

@@ -16,18 +16,8 @@ namespace ck = cuda_kernels;
 
 namespace {
 
-Status bad(const std::string& op, const std::string& what) {
-  return internal_error("cuda backend: " + op + ": " + what);
-}
-
-// A float32 device matrix view, or why not.
-Status check_mat(const std::string& op, const char* arg, const TensorView& v) {
-  if (v.empty() && v.numel() != 0) return bad(op, std::string(arg) + " is null");
-  if (v.dtype != DType::kF32) return bad(op, std::string(arg) + " is not float32");
-  if (v.device != Device::kCuda) return bad(op, std::string(arg) + " is not in device memory (upload it first)");
-  if (!v.matrix_ok()) return bad(op, std::string(arg) + " is not a row-strided matrix");
-  return Status::Ok();
-}
+using cuda_util::bad;
+using cuda_util::check_mat;
 
 Status check_same(const std::string& op, const TensorView& a, const TensorView& b) {
   if (a.rows() != b.rows() || a.cols() != b.cols())

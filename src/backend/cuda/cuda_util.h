@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace klein::cuda_util {
 
@@ -33,6 +34,19 @@ inline Status cublas_status(cublasStatus_t st, const std::string& op, const char
   return Status(st == CUBLAS_STATUS_ALLOC_FAILED ? Code::kOutOfMemory : Code::kInternal,
                 "cuda backend: " + op + ": " + call_name(call) + " failed: " + cublasLtGetStatusName(st) + " (" +
                     cublasLtGetStatusString(st) + ")");
+}
+
+// The op-argument checks every CudaBackend file shares: "cuda backend: <op>: <what>".
+inline Status bad(const std::string& op, const std::string& what) {
+  return internal_error("cuda backend: " + op + ": " + what);
+}
+// A float32 device matrix view, or why not.
+inline Status check_mat(const std::string& op, const char* arg, const TensorView& v) {
+  if (v.empty() && v.numel() != 0) return bad(op, std::string(arg) + " is null");
+  if (v.dtype != DType::kF32) return bad(op, std::string(arg) + " is not float32");
+  if (v.device != Device::kCuda) return bad(op, std::string(arg) + " is not in device memory (upload it first)");
+  if (!v.matrix_ok()) return bad(op, std::string(arg) + " is not a row-strided matrix");
+  return Status::Ok();
 }
 
 }  // namespace klein::cuda_util
