@@ -27,39 +27,16 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "bench_timing.h"
 
 using namespace klein;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// CPU seconds of all threads of this process: on a shared, oversubscribed machine wall time
-// mostly measures the neighbours; CPU time still tells how much work the op took.
-double cpu_s() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-struct Time {
-  double wall = 1e30, cpu = 1e30;  // seconds, best of the repetitions (each minimised separately)
-};
-
-// Best-of-`reps` wall and CPU time of fn() after one warm-up call.
-Time time_best(int reps, const std::function<void()>& fn) {
-  fn();
-  Time best;
-  for (int r = 0; r < reps; ++r) {
-    const double t0 = now_s(), c0 = cpu_s();
-    fn();
-    best.wall = std::min(best.wall, now_s() - t0);
-    best.cpu = std::min(best.cpu, cpu_s() - c0);
-  }
-  return best;
-}
+using bench::cpu_s;
+using bench::now_s;
+using bench::Time;
+using bench::time_best;
 
 void must(const Status& s) {
   if (!s.ok()) {
