@@ -21,7 +21,12 @@
 // own rounding inputs change by one ulp (the manifest's "envelope"), which is as large as the
 // whole effect of quantization. So:
 //   - arithmetic without activation rounding (q4 dequantized to float32, float32 float layers;
-//     the VAE in every mode): every boundary <= 1e-4;
+//     the VAE wherever its convs are float32): every boundary <= 1e-4;
+//   - the VAE's image where its convs round to bf16 (AVX512_BF16): within 1.25 × the oracle's
+//     own envelope. A single flipped bf16 input of the tiny VAE's mid-block attention moves the
+//     image by ~7e-3 (measured), as far as bf16 convs are from float32 ones, so on the tiny model
+//     this bound cannot tell those apart; test_conv2d.cpp's FastMatchesItsRef pins the conv's
+//     bf16 arithmetic against ref::conv2d_bf16 instead;
 //   - text-encoder layers: at most 1 % of the 512 tokens beyond 1e-4 (a flip moves one token);
 //   - transformer steps: within half the distance between the reference and the same
 //     computation without quantization (rel_to_unquantized), i.e. klein computes the quantized
@@ -330,9 +335,13 @@ TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
     DumpOptions d{dump.string(), "latents_final,image"};
     auto img = (*model)->decode(z, {}, d);
     ASSERT_TRUE(img.ok()) << img.status().to_string();
+    const bool bf16_convs = ks.get(kernels::Op::kConv2d, DType::kBF16).fast;
     for (const char* f : {"latents_final", "image"}) {
       err[f] = rel(load(dump / (std::string(f) + ".npy")), load(dir / (std::string(f) + ".npy")));
-      EXPECT_LE(err[f], 1e-4) << f;
+      if (bf16_convs && std::string(f) == "image")
+        EXPECT_LE(err[f], 1.25 * c["envelope"]["rel"]["image"].back().get<double>()) << f;
+      else
+        EXPECT_LE(err[f], 1e-4) << f;
     }
   }
   fs::remove_all(dump);

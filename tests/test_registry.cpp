@@ -126,7 +126,10 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
     EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, gemm);
     EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, gemm);
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
-    EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, Isa::kAvx2);
+    EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, gemm);
+    // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16.
+    const KernelSet fast = KernelSet::select(CpuFeatures::host(), Isa::kCount, kernels::Precision::kFast);
+    EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).fast, CpuFeatures::host().has(Isa::kAvx512Bf16));
     EXPECT_EQ(best.get(Op::kElementwise, DType::kF32).isa, gemm);  // AVX-512 where the CPU has it
     EXPECT_EQ(&best.eltwise(), best.get(Op::kElementwise, DType::kF32).eltwise);
     // An ISA with no kernels of its own falls back to the next lower one that has them.

@@ -19,6 +19,11 @@ For each case the script
        other weights : "bf16": x and W rounded to bf16 (RNE), products summed (double), + bias —
                                the AVX512_BF16 GEMM
                        "f32":  the float32 linear (CPUs without AVX512_BF16)
+     and, in the "bf16" cases, the forward of every VAE nn.Conv2d by the AVX512_BF16 conv's
+     arithmetic (ref::conv2d_bf16): the conv's input (after diffusers' SiLU / upsampling / padding,
+     which klein fuses into the conv) and its weight rounded to bf16, double sums, + bias — except
+     convs with ≤ 6 output channels and stride 1 (the decoder's conv_out), which klein computes
+     in float32 on every CPU (src/kernels/cpu/conv2d_avx512_common.h)
   4. runs the pipeline (prompt, 64x64, 4 steps, seed 42) and saves each component boundary and
      the inputs the C++ test feeds to single components (noise, te_hidden_in, timesteps),
   5. measures, for the manifest, how far the reference moves when the inputs of its rounding
@@ -237,6 +242,41 @@ class KleinLinear(torch.nn.Module):
         return torch.from_numpy(np.ascontiguousarray(y)).reshape(*shape[:-1], y.shape[-1])
 
 
+class KleinConv2d(torch.nn.Module):
+    """An nn.Conv2d computed as klein's AVX512_BF16 conv: input and weight rounded to bf16, float64 sums."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+        self.w = torch.from_numpy(round_bf16(conv.weight.detach().float().numpy())).double()
+        self.b = None if conv.bias is None else conv.bias.detach().double()
+
+    def forward(self, x):
+        c = self.conv
+        x2 = x.detach().float().contiguous().numpy()
+        if PERTURB["seed"] is not None:
+            x2 = perturb(x2)
+        xr = torch.from_numpy(round_bf16(x2)).double()
+        y = torch.nn.functional.conv2d(xr, self.w, self.b, c.stride, c.padding, c.dilation, c.groups)
+        return y.float()
+
+
+def patch_convs(vae, case):
+    """In the bf16 cases: every VAE conv that klein's fast kernels compute with bf16 operands."""
+    n = 0
+    if case["float"] != "bf16":
+        return n
+    for name, conv in list(vae.named_modules()):
+        if not isinstance(conv, torch.nn.Conv2d):
+            continue
+        assert conv.padding_mode == "zeros" and conv.dilation == (1, 1) and conv.groups == 1, name
+        if conv.out_channels <= 6 and conv.stride == (1, 1):
+            continue  # klein's direct path: float32
+        set_module(vae, name, KleinConv2d(conv))
+        n += 1
+    return n
+
+
 def set_module(root, name, new):
     parent, _, leaf = name.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, leaf, new)
@@ -442,6 +482,9 @@ def load_patched(model, qmodel, case):
         orig = read_safetensors(os.path.join(model, comp)) if comp in QUANTIZED_COMPONENTS else {}
         qdir = os.path.join(qmodel, comp) if comp in QUANTIZED_COMPONENTS else None
         hashes[comp], counts[comp] = patch_component(getattr(pipe, comp), comp, qdir, case, orig)
+    n_conv = patch_convs(pipe.vae, case)
+    if n_conv:
+        counts["vae"]["conv_bf16"] = n_conv
     want = "w8a8" if case["type"] == "q8" else ("w4a8" if case["q4"] == "w4a8" else "f32")
     for comp in QUANTIZED_COMPONENTS:  # the fixtures must exercise real quantized layers in both
         assert counts[comp].get(want), (case["name"], comp, counts[comp])

@@ -7,10 +7,12 @@
 //     padding is added after it, exactly as conv(pad(silu(gn(x)))) does;
 //   - nearest-neighbour ×2 upsampling of the input (diffusers Upsample2D) before padding;
 //   - accumulation into the output (out += conv(x)), for residual adds.
-// The fast path (AVX2/FMA on x86, src/kernels/cpu/conv2d_avx2.cpp) packs im2col panels of
-// ≤ 256 output pixels × 256 reduction elements straight from the input (never a full im2col
-// matrix) and multiplies them with a 6×16 register-blocked micro-kernel; for ≤ 6 output
-// channels it convolves directly from padded input row strips.
+// The fast paths (x86: AVX2/FMA in src/kernels/cpu/conv2d_avx2.cpp, AVX-512F and AVX512_BF16 in
+// conv2d_avx512*.cpp) pack im2col panels of ≤ 256 output pixels × 256 reduction units straight
+// from the input (never a full im2col matrix) and multiply them with register-blocked
+// micro-kernels (6×16 ymm, 14×32 zmm); for ≤ 6 output channels they convolve directly from
+// padded input row strips. Under Precision::kFast on AVX512_BF16 CPUs the operands are rounded
+// to bf16 (ref::conv2d_bf16).
 // Without AVX2 a portable path (im2col in pixel blocks + the scalar linear) runs instead. Which
 // one runs is chosen by the kernel registry (kernels/registry.h, run_conv2d).
 #pragma once
@@ -55,6 +57,10 @@ namespace ref {
 // plain 7-deep loop accumulating in double. The yardstick for the fast paths; slow.
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, const Conv2dParams& p);
+// The arithmetic of the Precision::kFast conv (AVX512_BF16): the transformed input and the weight
+// rounded to bf16 (round-to-nearest-even), then the same double sums; bias and output in float.
+void conv2d_bf16(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                 const Weight* bias, float* out, const Conv2dParams& p);
 }  // namespace ref
 
 namespace blocked {

@@ -4,7 +4,8 @@
 // panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
-// AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format.
+// AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format; the AVX512_BF16 conv2d
+// for every format (beside the exact AVX-512F one).
 #include "kernels/registry.h"
 
 #include <stdexcept>
@@ -15,7 +16,7 @@
 
 #if defined(KLEIN_X86)
 #include "kernels/cpu/avx2_kernels.h"
-#include "kernels/cpu/conv2d_avx2.h"
+#include "kernels/cpu/conv2d_kernels.h"
 #include "kernels/cpu/gemm_kernels.h"
 #endif
 
@@ -58,6 +59,14 @@ std::vector<KernelEntry> build_table() {
     // Q8_ROW and Q4_G64 have integer kernels (below): vpdpbusd does twice vdpbf16ps's work.
     if (f.id != DType::kQ8Row && f.id != DType::kQ4G64)
       add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
+  }
+  // The VAE's convs: float32 on zmm (exact), and bf16 pairs under kFast, for every weight format.
+  for (const FormatTraits& f : format_table()) {
+    if (!f.is_weight) continue;
+    t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx512, .name = "conv2d_avx512",
+                 .conv2d = avx512::conv2d});
+    t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx512Bf16, .name = "conv2d_bf16_avx512bf16",
+                 .fast = true, .conv2d = avx512bf16::conv2d});
   }
   add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);

@@ -1,5 +1,5 @@
 // Building blocks shared by the AVX2 kernels (gemm, attention, conv2d): the register-blocked FMA
-// micro-kernel, 8-lane exp / exp2, dtype-converting loads, an 8×8 transpose, per-thread scratch. Include ONLY from *_avx2.cpp files: the
+// micro-kernel, 8-lane exp2, dtype-converting loads, an 8×8 transpose, per-thread scratch. Include ONLY from *_avx2.cpp files: the
 // code needs -mavx2 -mfma -mf16c and must never run on a CPU without them: only the kernel registry
 // (kernels/registry.h) reaches it, through entries selected for CPUs that have Isa::kAvx2.
 #pragma once
@@ -177,31 +177,6 @@ inline float hmax(__m256 v) {
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-// e^x for 8 lanes, ~1-2 ulp (Cephes-style: 2^n · poly(r)). Inputs below -87.3 give 0
-// (including -inf), inputs above 88.3 are clamped.
-inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - n·ln2 with ln2 split in two so r is exact to float precision.
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                       _mm256_set1_epi32(127)), 23);
-  const __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(underflow, res);
 }
 
 // 2^x for 8 lanes with x ≤ 0, as softmax needs after subtracting the max (scores are kept in

@@ -17,14 +17,21 @@
 namespace klein::kernels {
 namespace {
 
-// 16 floats → 16 bf16 (RNE), as f32_to_bf16.
-inline __m256i f32x16_to_bf16(__m512 v) {
+// 16 floats → 16 bf16 (RNE), as f32_to_bf16, each in the low half of its 32-bit lane.
+inline __m512i f32x16_to_bf16_lanes(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+// 16 floats → 16 bf16 (RNE), as f32_to_bf16.
+inline __m256i f32x16_to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(f32x16_to_bf16_lanes(v)); }
+
+// Two rows of 16 floats → 16 bf16 pairs (lo[j] in the low half of lane j, hi[j] in the high half).
+inline __m512i f32x16x2_to_bf16_pairs(__m512 lo, __m512 hi) {
+  return _mm512_or_si512(f32x16_to_bf16_lanes(lo), _mm512_slli_epi32(f32x16_to_bf16_lanes(hi), 16));
 }
 
 // n float32 → n bf16 (RNE).

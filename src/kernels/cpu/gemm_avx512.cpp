@@ -12,10 +12,7 @@
 namespace klein::kernels::avx512 {
 namespace {
 
-struct F32Op {
-  using A = float;
-  static __m512 bcast(const float* p) { return _mm512_set1_ps(*p); }
-  static __m512 madd(__m512 c, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, c); }
+struct F32Op : F32Dot {
   // The slab's rows as float32 units (KU = K).
   static std::pair<const uint8_t*, int64_t> slab(const Weight& W, int64_t nc0, int64_t ncn, int64_t KU,
                                                  UnitScratch& conv) {

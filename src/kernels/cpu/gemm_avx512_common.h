@@ -35,6 +35,14 @@ constexpr int kZNR = 32;        // columns per panel (two zmm of float32)
 constexpr int64_t kZKC = 256;   // units per packed K slice
 constexpr int64_t kZNC = 256;   // columns per slab (multiple of kZNR)
 
+// One float per unit, vfmadd231ps: the Op of the float32 GEMM and conv (bcast / madd as
+// zukernel needs them).
+struct F32Dot {
+  using A = float;
+  static __m512 bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static __m512 madd(__m512 c, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, c); }
+};
+
 inline __mmask16 col_mask(int cols) {  // the first `cols` (0..16) lanes
   return static_cast<__mmask16>(cols >= 16 ? 0xffff : (1u << cols) - 1);
 }

@@ -14,22 +14,14 @@
 #include <vector>
 
 #include "kernels/cpu/avx512_convert.h"
+#include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace klein::kernels::avx512bf16 {
 namespace {
 
-struct Bf16Op {
-  using A = uint32_t;  // a pair of bf16, the lower k in the low half
-  static __m512 bcast(const uint32_t* p) {
-    int v;  // memcpy: the pairs were written as uint16_t
-    std::memcpy(&v, p, 4);
-    return _mm512_castsi512_ps(_mm512_set1_epi32(v));
-  }
-  static __m512 madd(__m512 c, __m512 a, __m512 b) {
-    return _mm512_dpbf16_ps(c, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
-  }
+struct Bf16Op : Bf16Dot {
   // The slab's rows as bf16 pairs [ncn][KU].
   static std::pair<const uint8_t*, int64_t> slab(const Weight& W, int64_t nc0, int64_t ncn, int64_t KU,
                                                  UnitScratch& conv) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/conv2d.h"
 
 namespace klein::kernels {
@@ -18,8 +19,11 @@ int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b,
 
 namespace ref {
 
-void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-            const Weight* bias, float* out, const Conv2dParams& p) {
+namespace {
+
+// Both references; bf16 rounds the transformed input and the weight to bf16 (RNE) first.
+void conv2d_impl(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                 const Weight* bias, float* out, const Conv2dParams& p, bool bf16) {
   if (w.shape.size() != 4 || w.shape[1] != Cin)
     throw std::invalid_argument("ref::conv2d: weight " + w.name + " does not match Cin " +
                                 std::to_string(Cin));
@@ -30,7 +34,10 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
   const int u = p.upsample2x ? 2 : 1;
   const int64_t HP = H * u + p.pad_top + p.pad_bottom, WP = W * u + p.pad_left + p.pad_right;
 
-  const Tensor wf = weight_to_tensor(w);  // [Cout, Cin, KH, KW]
+  Tensor wf = weight_to_tensor(w);  // [Cout, Cin, KH, KW]
+  auto round = [bf16](float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; };
+  if (bf16)
+    for (int64_t i = 0; i < wf.numel(); ++i) wf.data()[i] = round(wf.data()[i]);
   std::vector<float> b(Cout, 0.0f);
   if (bias && !bias->empty()) weight_to_f32(*bias, 0, Cout, b.data());
 
@@ -45,7 +52,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
           if (p.in_scale || p.in_shift)
             v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
           if (p.in_silu) v = v / (1.0f + std::exp(-v));
-          xp[(c * HP + y + p.pad_top) * WP + xx + p.pad_left] = v;
+          xp[(c * HP + y + p.pad_top) * WP + xx + p.pad_left] = round(v);
         }
     float* o = out + n * Cout * OH * OW;
     for (int64_t co = 0; co < Cout; ++co)
@@ -61,6 +68,18 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
           dst = p.accumulate ? static_cast<float>(dst + acc) : static_cast<float>(acc);
         }
   }
+}
+
+}  // namespace
+
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, const Conv2dParams& p) {
+  conv2d_impl(in, N, Cin, H, W, w, bias, out, p, false);
+}
+
+void conv2d_bf16(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                 const Weight* bias, float* out, const Conv2dParams& p) {
+  conv2d_impl(in, N, Cin, H, W, w, bias, out, p, true);
 }
 
 }  // namespace ref

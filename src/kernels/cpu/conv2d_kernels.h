@@ -1,0 +1,35 @@
+// Entry points of the x86 conv2d kernels: the AVX2/FMA implicit GEMM (conv2d_avx2.cpp), and the
+// AVX-512 ones (conv2d_avx512*.cpp). x86-64 only; the kernel registry's Isa::kAvx2 /
+// kAvx512 / kAvx512Bf16 conv2d rows, called by run_conv2d with validated arguments:
+// as kernels::conv2d, OH/OW precomputed and ≥ 1; Cin, H, W ≥ 1.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/conv2d.h"
+
+namespace klein::kernels {
+
+namespace avx2 {  // Isa::kAvx2, exact: float32 FMA, any weight format (expanded to f32)
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool);
+// Whether conv2d takes its direct path (few output channels, stride 1) rather than the implicit
+// GEMM; the AVX-512 convs hand those convs to it.
+bool conv2d_is_direct(int64_t Cout, const Conv2dParams& p);
+}  // namespace avx2
+
+namespace avx512 {  // Isa::kAvx512, exact: float32 FMA on 14×32 zmm tiles
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool);
+}  // namespace avx512
+
+namespace avx512bf16 {  // Isa::kAvx512Bf16, fast: input (after the prologue) and weights rounded to
+                        // bf16, vdpbf16ps, float32 sums — ref::conv2d_bf16's arithmetic
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool);
+}  // namespace avx512bf16
+
+}  // namespace klein::kernels
