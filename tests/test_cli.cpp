@@ -93,6 +93,30 @@ TEST(Cli, DecodeReproducesGenerate) {
   fs::remove_all(dir);
 }
 
+// `klein compare` on two .npy dumps: the same array is cosine 1 / rel_l2 0; two steps' latents
+// differ; a dump against a shape-mismatched one or an image is one clear error.
+TEST(Cli, CompareArrays) {
+  auto dir = klein::testing::make_temp_dir("cli_compare_npy");
+  auto r = run_cli("generate --model " + model() + " -W 64 -H 48 --steps 2 --seed 3 -q -p 'a cat' -o '" +
+                   (dir / "g.png").string() + "' --dump '" + (dir / "d").string() + "' --dump-filter latents_step,prompt_embeds");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string l1 = (dir / "d" / "latents_step1.npy").string(), l2 = (dir / "d" / "latents_step2.npy").string();
+  r = run_cli("compare '" + l2 + "' '" + l2 + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("cosine       1.000000000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rel_l2       0.000e+00"), std::string::npos) << r.out;
+  r = run_cli("compare '" + l1 + "' '" + l2 + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("rel_l2       0.000e+00"), std::string::npos) << r.out;
+  r = run_cli("compare '" + l1 + "' '" + (dir / "d" / "prompt_embeds.npy").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("differ in shape"), std::string::npos) << r.err;
+  r = run_cli("compare '" + l1 + "' '" + (dir / "g.png").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("two images or two .npy"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, InfoDescribesComponents) {
   auto r = run_cli("info --model " + model());
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -306,3 +306,32 @@ TEST(Compare, KnownValues) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("differ in size"), std::string::npos);
 }
+
+TEST(Compare, ArraysKnownValues) {
+  // a = (3, 4), b = (4, 3): cosine 24/25, |a − b| = √2 so rel_l2 = √2/5, max diff 1.
+  FloatArray a{{2}, {3, 4}}, b{{2}, {4, 3}};
+  auto r = compare_arrays(a, b);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR(r->cosine, 24.0 / 25.0, 1e-15);
+  EXPECT_NEAR(r->rel_l2, std::sqrt(2.0) / 5.0, 1e-15);
+  EXPECT_DOUBLE_EQ(r->max_abs, 1.0);
+  EXPECT_EQ(r->count, 2);
+  auto same = compare_arrays(a, a);
+  ASSERT_TRUE(same.ok());
+  EXPECT_DOUBLE_EQ(same->cosine, 1.0);
+  EXPECT_DOUBLE_EQ(same->rel_l2, 0.0);
+  // -a: cosine -1, rel_l2 2.
+  FloatArray n{{2}, {-3, -4}};
+  EXPECT_NEAR(compare_arrays(a, n)->cosine, -1.0, 1e-15);
+  EXPECT_NEAR(compare_arrays(a, n)->rel_l2, 2.0, 1e-15);
+
+  auto shape = compare_arrays(a, FloatArray{{1, 2}, {3, 4}});
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("differ in shape ([2] and [1, 2])"), std::string::npos)
+      << shape.status().message();
+  FloatArray nan{{2}, {3, std::nanf("")}};
+  auto bad = compare_arrays(a, nan);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("non-finite value at flat index 1 of the second"), std::string::npos)
+      << bad.status().message();
+}

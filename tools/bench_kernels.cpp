@@ -1,6 +1,7 @@
 // klein-bench_kernels: measures this machine's peaks — float32 FMA (ymm and zmm), bf16 dot
 // product (vdpbf16ps), int8 dot product (vpdpbusd zmm and ymm; AVX2's vpmaddubsw sequence) —
-// and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, plus attention,
+// and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, the conv2d
+// kernels on the VAE decoder's shapes, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
 //   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...]
@@ -320,6 +321,43 @@ int main(int argc, char** argv) {
         kernels::run_linear(set, x.data(), s.M, s.K, W, nullptr, y.data(), pool);
       });
       rows.push_back({name, pool.size(), flop, t, v.peak});
+    }
+  }
+  // The VAE decoder's 3×3 convs (GroupNorm + SiLU prologue, as in every ResNet block) at a 256²
+  // image: 512 ch at 32² and 64², 256 at 128², 128 at 256². Weights BF16, as the VAE is stored.
+  const Variant conv_variants[] = {
+      {Isa::kAvx2, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx2", kFma256},
+      {Isa::kAvx512, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx512", kFma512},
+      {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kBF16, "conv2d_bf16_avx512bf16", kBf16},
+  };
+  struct ConvShape {
+    int64_t C, H;
+  };
+  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256}};
+  if (quick) conv_shapes = {{512, 32}, {128, 128}};
+  for (const ConvShape& cs : conv_shapes) {
+    std::vector<uint16_t> wb(cs.C * cs.C * 9);
+    for (auto& e : wb) e = f32_to_bf16(0.05f * dist(rng));
+    std::vector<float> x(cs.C * cs.H * cs.H), y(x.size()), sc(cs.C), sh(cs.C);
+    for (auto& e : x) e = dist(rng);
+    for (int64_t c = 0; c < cs.C; ++c) sc[c] = 1 + 0.1f * dist(rng), sh[c] = 0.1f * dist(rng);
+    Weight W;
+    W.name = "bench.conv";
+    W.dtype = DType::kBF16;
+    W.shape = {cs.C, cs.C, 3, 3};
+    W.data = wb.data();
+    kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+    p.in_scale = sc.data(), p.in_shift = sh.data(), p.in_silu = true;
+    const double flop = 2.0 * cs.C * cs.C * 9 * cs.H * cs.H;
+    for (const Variant& v : conv_variants) {
+      const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
+      if (set.get(kernels::Op::kConv2d, v.format).name != v.kernel) continue;
+      const Time t = time_best(reps, [&] {
+        kernels::run_conv2d(set, x.data(), 1, cs.C, cs.H, cs.H, W, nullptr, y.data(), p, pool);
+      });
+      rows.push_back({std::string(v.kernel) + " 3x3 C=" + std::to_string(cs.C) + " @" + std::to_string(cs.H) + "x" +
+                          std::to_string(cs.H) + " +gn-silu",
+                      pool.size(), flop, t, v.peak});
     }
   }
   const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa);

@@ -321,6 +321,18 @@ KLEIN_API Result<ImageComparison> compare_images(const Image& a, const Image& b)
 // Reads both files (PNG, JPEG, WebP) and compares them; the sizes must match.
 KLEIN_API Result<ImageComparison> compare_image_files(const std::string& a, const std::string& b);
 
+// How close two float arrays of one shape are (`klein compare A.npy B.npy`, e.g. two --dump
+// folders' prompt_embeds or velocity_stepN): all in double precision over every element.
+struct ArrayComparison {
+  double cosine = 0;   // <a, b> / (|a| |b|); 1 when both are all zero
+  double rel_l2 = 0;   // |a − b| / |a| (a is the reference); 0 when both are all zero
+  double max_abs = 0;  // max |a − b|
+  int64_t count = 0;   // elements compared
+};
+KLEIN_API Result<ArrayComparison> compare_arrays(const FloatArray& a, const FloatArray& b);
+// Reads two float32 .npy files (as load_npy) and compares them; the shapes must match.
+KLEIN_API Result<ArrayComparison> compare_npy_files(const std::string& a, const std::string& b);
+
 // A report on this CPU: model name, the instruction-set features found, the ISAs usable, and the
 // kernel chosen for each (op, weight format) — with the best ISA, or under the ceiling `isa`
 // ("scalar", "avx2", ...; the names of LoadOptions::isa) — for Precision::kFp32, then the

@@ -1,4 +1,4 @@
-// The public quantize_model / compare_images: thin wrappers over pipeline/, behind the catch-all.
+// The public quantize_model / compare_images / compare_arrays: thin wrappers over pipeline/, behind the catch-all.
 #include "api/guard.h"
 #include "io/image_reader.h"
 #include "klein/klein.h"
@@ -32,6 +32,18 @@ Result<ImageComparison> compare_image_files(const std::string& a, const std::str
     KLEIN_ASSIGN_OR_RETURN(Image ia, read_image(a));
     KLEIN_ASSIGN_OR_RETURN(Image ib, read_image(b));
     return compare_rgb(ia, ib);
+  });
+}
+
+Result<ArrayComparison> compare_arrays(const FloatArray& a, const FloatArray& b) {
+  return api::guarded("compare", [&]() -> Result<ArrayComparison> { return compare_float_arrays(a, b); });
+}
+
+Result<ArrayComparison> compare_npy_files(const std::string& a, const std::string& b) {
+  return api::guarded("compare", [&]() -> Result<ArrayComparison> {
+    KLEIN_ASSIGN_OR_RETURN(FloatArray fa, load_npy(a));
+    KLEIN_ASSIGN_OR_RETURN(FloatArray fb, load_npy(b));
+    return compare_float_arrays(fa, fb);
   });
 }
 

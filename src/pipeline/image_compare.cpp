@@ -1,7 +1,9 @@
 #include "pipeline/image_compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace klein {
@@ -92,6 +94,32 @@ Result<ImageComparison> compare_rgb(const Image& a, const Image& b) {
   // Two constant images: correlated exactly when equal (undefined otherwise; reported as 0).
   r.correlation = caa > 0 && cbb > 0 ? cab / std::sqrt(caa * cbb) : (mse == 0 ? 1.0 : 0.0);
   r.ssim = ssim_luma(a, b);
+  return r;
+}
+
+Result<ArrayComparison> compare_float_arrays(const FloatArray& a, const FloatArray& b) {
+  auto shape_str = [](const std::vector<int64_t>& sh) {
+    std::string s = "[";
+    for (size_t i = 0; i < sh.size(); ++i) s += (i ? ", " : "") + std::to_string(sh[i]);
+    return s + "]";
+  };
+  if (a.shape != b.shape)
+    return invalid_argument("compare: the arrays differ in shape (" + shape_str(a.shape) + " and " +
+                            shape_str(b.shape) + ")");
+  if (a.data.size() != b.data.size()) return invalid_argument("compare: an array's data does not match its shape");
+  ArrayComparison r;
+  r.count = static_cast<int64_t>(a.data.size());
+  double ab = 0, aa = 0, bb = 0, dd = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const double x = a.data[i], y = b.data[i];
+    if (!std::isfinite(x) || !std::isfinite(y))
+      return invalid_argument("compare: non-finite value at flat index " + std::to_string(i) + " of the " +
+                              (std::isfinite(x) ? "second" : "first") + " array");
+    ab += x * y, aa += x * x, bb += y * y, dd += (x - y) * (x - y);
+    r.max_abs = std::max(r.max_abs, std::fabs(x - y));
+  }
+  r.cosine = aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : (aa == 0 && bb == 0 ? 1.0 : 0.0);
+  r.rel_l2 = aa > 0 ? std::sqrt(dd / aa) : (dd == 0 ? 0.0 : std::numeric_limits<double>::infinity());
   return r;
 }
 

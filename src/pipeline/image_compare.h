@@ -12,4 +12,8 @@ namespace klein {
 // R, G, B values. All in double precision.
 Result<ImageComparison> compare_rgb(const Image& a, const Image& b);
 
+// Cosine, relative L2 (to a) and max difference of two arrays of one shape; non-finite values
+// are an error (named with the first index), not a NaN result.
+Result<ArrayComparison> compare_float_arrays(const FloatArray& a, const FloatArray& b);
+
 }  // namespace klein
