@@ -397,11 +397,20 @@ void check_attention(const kernels::KernelSet& set, const AttnCase& c, ThreadPoo
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
   kernels::run_attention(set, q, k, v, o.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, pool, ldq,
                          ldk, ldv, ldo);
-  kernels::ref::attention(q, k, v, r.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, ldq, ldk,
-                          ldv, ldo);
+  // A fast (bf16) kernel against the reference of its arithmetic: a p on a bf16 rounding boundary
+  // may round the other way, ≤ 2^-8 · max|v| (kernels.h), plus float32 sums.
+  const bool bf16 = set.get(kernels::Op::kAttention, DType::kF32).fast;
+  float vmax = 0;
+  if (bf16) {
+    kernels::ref::attention_bf16(q, k, v, r.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, ldq, ldk, ldv, ldo);
+    for (int64_t j = 0; j < c.Sk; ++j)
+      for (int64_t d = 0; d < kw; ++d) vmax = std::max(vmax, std::fabs(v[j * (ldv ? ldv : kw) + d]));
+  } else {
+    kernels::ref::attention(q, k, v, r.data(), c.Sq, c.Sk, c.Hq, c.Hkv, c.D, scale, mask, ldq, ldk, ldv, ldo);
+  }
   float err, mag;
   compare(o.data(), r.data(), c.Sq, qw, ldo_r, &err, &mag);
-  ASSERT_LE(err, 1e-5f * std::max(1.0f, mag))
+  ASSERT_LE(err, 1e-5f * std::max(1.0f, mag) + 1.01f * vmax / 256)
       << "Sq=" << c.Sq << " Sk=" << c.Sk << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D
       << " causal=" << c.causal << " valid=" << c.valid_mode << " fused=" << fused;
   if (c.valid_mode == 2 || (c.valid_mode == 1 && c.causal))
@@ -428,6 +437,29 @@ TEST_P(Kernels, AttentionMatchesRef) {
   check_attention(set, {250, 100, 2, 2, 128, false, 0}, pool, rng, true);
   ThreadPool pool1(1);
   check_attention(set, {100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
+}
+
+// The same cases under Precision::kFast: the bf16 kernel where the CPU has AVX512_BF16 (against
+// ref::attention_bf16), else the exact one again.
+TEST_P(Kernels, AttentionFastMatchesItsRef) {
+  const auto fast = kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
+  EXPECT_EQ(fast.get(kernels::Op::kAttention, DType::kF32).fast,
+            CpuFeatures::host().has(Isa::kAvx512Bf16) && GetParam() >= Isa::kAvx512Bf16);
+  std::mt19937 rng(43);
+  ThreadPool pool(2), pool3(3);
+  int n = 0;
+  for (int D : {8, 17, 128})
+    for (auto [Hq, Hkv] : {std::pair{2, 2}, {4, 1}})
+      for (auto [Sq, Sk] : {std::pair<int64_t, int64_t>{1, 1}, {5, 3}, {50, 50}, {37, 150}, {130, 71}})
+        for (bool causal : {false, true})
+          for (int vm : {0, 1}) {
+            if (D == 128 && (Sq + Sk) % 3 != 0 && !(vm == 1 && causal)) continue;  // keep fast
+            check_attention(fast, {Sq, Sk, Hq, Hkv, D, causal, vm}, ++n % 3 ? pool : pool3, rng, n % 2 == 0);
+          }
+  check_attention(fast, {40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
+  check_attention(fast, {300, 301, 3, 3, 20, true, 1}, pool, rng, true);  // many blocks, odd Sk
+  check_attention(fast, {400, 130, 2, 1, 16, false, 1}, pool, rng, false);
+  check_attention(fast, {250, 100, 2, 2, 128, false, 0}, pool3, rng, true);
 }
 
 TEST_P(Kernels, AttentionLargeScoresStayFinite) {

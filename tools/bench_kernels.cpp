@@ -360,22 +360,27 @@ int main(int argc, char** argv) {
                       pool.size(), flop, t, v.peak});
     }
   }
-  const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa);
-  const int attn_peak = cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
+  // Attention at the DiT's head shape: the exact kernel, and the fast one where it differs.
   const int64_t S = quick ? 256 : 1024;
   const int H = quick ? 4 : 24, D = 128;
   std::vector<float> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D);
   for (auto* buf : {&q, &k, &v})
     for (auto& e : *buf) e = dist(rng);
-  for (bool causal : {false, true}) {
-    const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
-    const Time t = time_best(reps, [&] {
-      kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
-                             1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
-    });
-    rows.push_back({std::string(set.get(kernels::Op::kAttention, DType::kF32).name) + " S=" + std::to_string(S) +
-                        " H=" + std::to_string(H) + " D=128" + (causal ? " causal" : ""),
-                    threads, flop, t, attn_peak});
+  for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+    const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa, prec);
+    const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
+    if (prec == kernels::Precision::kFast && !e.fast) continue;
+    const int attn_peak = e.fast ? kBf16 : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
+    for (bool causal : {false, true}) {
+      const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
+      const Time t = time_best(reps, [&] {
+        kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
+                               1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
+      });
+      rows.push_back({std::string(e.name) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " D=128" +
+                          (causal ? " causal" : ""),
+                      threads, flop, t, attn_peak});
+    }
   }
   print(rows, peaks);
   return 0;

@@ -23,7 +23,11 @@ For each case the script
      arithmetic (ref::conv2d_bf16): the conv's input (after diffusers' SiLU / upsampling / padding,
      which klein fuses into the conv) and its weight rounded to bf16, double sums, + bias — except
      convs with ≤ 6 output channels and stride 1 (the decoder's conv_out), which klein computes
-     in float32 on every CPU (src/kernels/cpu/conv2d_avx512_common.h)
+     in float32 on every CPU (src/kernels/cpu/conv2d_avx512_common.h); and every attention
+     (torch's scaled_dot_product_attention, which diffusers and transformers call) by the
+     AVX512_BF16 attention's (ref::attention_bf16): q·scale·log2(e) and k rounded to bf16, scores
+     in double, an online softmax over key blocks of 128 (p = 2^(s − running max)),
+     out = Σ bf16(p)·bf16(v) / Σ p
   4. runs the pipeline (prompt, 64x64, 4 steps, seed 42) and saves each component boundary and
      the inputs the C++ test feeds to single components (noise, te_hidden_in, timesteps),
   5. measures, for the manifest, how far the reference moves when the inputs of its rounding
@@ -261,6 +265,57 @@ class KleinConv2d(torch.nn.Module):
         return y.float()
 
 
+LOG2E = 1.4426950408889634
+ATTN_KEY_BLOCK = 128  # kernels::ref::kAttnBf16KeyBlock
+SDPA = {"orig": torch.nn.functional.scaled_dot_product_attention, "bf16": False}
+
+
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """torch's scaled_dot_product_attention, or klein's bf16 attention while SDPA["bf16"] is set."""
+    if not SDPA["bf16"]:
+        return SDPA["orig"](query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+    assert dropout_p == 0.0
+    q, k, v = (t.detach().float().contiguous().numpy() for t in (query, key, value))
+    if PERTURB["seed"] is not None:  # the attention's operands are rounded too
+        q, k, v = perturb(q), perturb(k), perturb(v)
+    hq, hk = q.shape[-3], k.shape[-3]
+    if hk != hq:  # grouped-query attention: each kv head serves hq / hk query heads
+        k, v = np.repeat(k, hq // hk, axis=-3), np.repeat(v, hq // hk, axis=-3)
+    sc = np.float32(scale if scale is not None else 1.0 / np.sqrt(q.shape[-1]))
+    mul = np.float32(sc * np.float32(LOG2E))  # klein: scale · log2(e) in float32, then q · mul
+    s = round_bf16(q * mul).astype(np.float64) @ np.swapaxes(round_bf16(k).astype(np.float64), -1, -2)
+    keep = np.ones(s.shape, dtype=bool)
+    if is_causal:
+        keep &= np.tril(np.ones(s.shape[-2:], dtype=bool))
+    if attn_mask is not None:
+        m = attn_mask.detach().cpu().numpy()
+        if m.dtype != np.bool_:  # additive: 0 where visible, a large negative value elsewhere
+            assert np.all((m == 0) | (m < -1e30)), "additive attention masks other than 0 / -inf"
+            m = m == 0
+        keep = keep & m
+    s = np.where(keep, s, -np.inf)
+    # The kernel's online softmax over key blocks (ref::attention_bf16): p against the running max.
+    vb = round_bf16(v).astype(np.float64)
+    m = np.full(s.shape[:-1] + (1,), -np.inf)
+    l = np.zeros_like(m)
+    o = np.zeros(s.shape[:-1] + (v.shape[-1],))
+    for j0 in range(0, s.shape[-1], ATTN_KEY_BLOCK):
+        sb = s[..., j0:j0 + ATTN_KEY_BLOCK]
+        mnew = np.maximum(m, sb.max(axis=-1, keepdims=True))
+        seen = np.isfinite(mnew)  # rows with a visible key so far
+        corr = np.where(np.isfinite(m), np.exp2(m - np.where(seen, mnew, 0)), 0)
+        p = np.where(np.isfinite(sb), np.exp2(sb - np.where(seen, mnew, 0)), 0)
+        l = l * corr + p.sum(axis=-1, keepdims=True)
+        o = o * corr + round_bf16(p.astype(np.float32)).astype(np.float64) @ vb[..., j0:j0 + ATTN_KEY_BLOCK, :]
+        m = np.where(seen, mnew, m)
+    o = np.where(l > 0, o / np.where(l > 0, l, 1), 0)  # no visible key: zeros, as klein
+    return torch.from_numpy(o.astype(np.float32))
+
+
+torch.nn.functional.scaled_dot_product_attention = sdpa
+
+
 def patch_convs(vae, case):
     """In the bf16 cases: every VAE conv that klein's fast kernels compute with bf16 operands."""
     n = 0
@@ -492,6 +547,7 @@ def load_patched(model, qmodel, case):
 
 
 def run_case(case, args, tmp):
+    SDPA["bf16"] = case["float"] == "bf16"  # until the unquantized model runs (below)
     model = assemble(case["variant"], tmp)
     qmodel = quantize(args.klein, model, case["type"], tmp)
     pipe, hashes, counts = load_patched(model, qmodel, case)
@@ -503,6 +559,7 @@ def run_case(case, args, tmp):
     for k in range(RUN["steps"]):
         assert np.array_equal(again[f"tf_velocity_step{k + 1}"], ref[f"velocity_step{k + 1}"]), (case["name"], k)
     env = envelope(pipe, ref, args.envelope_runs)
+    SDPA["bf16"] = False  # the unquantized model: torch's attention
     plain = Flux2KleinPipeline.from_pretrained(model, dtype=torch.float32)
     plain.set_progress_bar_config(disable=True)
     unq = {k: rel(v, ref[k.removeprefix("tf_")]) for k, v in teacher_forced(plain, ref).items()}

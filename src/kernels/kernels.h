@@ -25,6 +25,18 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
                int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);
 
+// The arithmetic of the Precision::kFast attention (AVX512_BF16): q·scale·log2(e) and k rounded
+// to bf16, scores s = Σ q'·k' in log2 units (double); then the flash kernel's online softmax over
+// key blocks of kAttnBf16KeyBlock: per block m' = max(m, block max), the sums so far scaled by
+// 2^(m − m'), p = 2^(s − m') added to l unrounded and as bf16(p)·bf16(v) to the output; out = o / l.
+// The kernel sums in float32 and its exp2 is within 3e-7, so a p near a bf16 rounding boundary may
+// round the other way there: |kernel − this| ≤ 2^-8·max|v| (one such p at most 2^-8 relative),
+// typically float32 summation error.
+constexpr int64_t kAttnBf16KeyBlock = 128;
+void attention_bf16(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
+                    int Hkv, int D, float scale, const AttnMask& mask, int64_t ldq = 0, int64_t ldk = 0,
+                    int64_t ldv = 0, int64_t ldo = 0);
+
 // The references of the fast (reduced-precision) linear kernels (linear_lowp_ref.cpp).
 //
 // linear_bf16: the bf16 dot-product GEMM — x and W (any format, dequantised to f32) rounded to

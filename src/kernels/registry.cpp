@@ -5,7 +5,7 @@
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
 // AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format; the AVX512_BF16 conv2d
-// for every format (beside the exact AVX-512F one).
+// for every format (beside the exact AVX-512F one) and the AVX512_BF16 attention.
 #include "kernels/registry.h"
 
 #include <stdexcept>
@@ -60,6 +60,8 @@ std::vector<KernelEntry> build_table() {
     if (f.id != DType::kQ8Row && f.id != DType::kQ4G64)
       add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
   }
+  t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = Isa::kAvx512Bf16,
+               .name = "flash_attention_bf16_avx512bf16", .fast = true, .attention = avx512bf16::attention});
   // The VAE's convs: float32 on zmm (exact), and bf16 pairs under kFast, for every weight format.
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;

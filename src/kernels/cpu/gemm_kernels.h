@@ -19,6 +19,11 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
 namespace avx512bf16 {  // Isa::kAvx512Bf16, fast: x and W rounded to bf16, vdpbf16ps, f32 sums
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
             ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Flash attention with bf16 Q·Kᵀ and P·V products (ref::attention_bf16's arithmetic); arguments
+// as kernels::attention, validated and strides resolved by run_attention.
+void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
+               int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool, int64_t ldq, int64_t ldk,
+               int64_t ldv, int64_t ldo);
 }
 
 // Q8_ROW weights, W8A8 (fast): x quantized per row (ref::quantize_row_int8), int32 sums,
