@@ -1,17 +1,161 @@
 // AVX512_BF16 conv2d (Precision::kFast): the transformed input (after upsampling and the
 // GroupNorm/SiLU prologue) and the weight rounded to bf16 (round-to-nearest-even, as torch), pairs
-// multiplied by vdpbf16ps into float32 sums — conv2d_avx512_common.h with a bf16 pair per unit.
-// ref::conv2d_bf16 is the same arithmetic with double sums. A unit holds two k, so this does
-// twice the float32 zmm conv's multiply-adds per instruction.
+// multiplied by vdpbf16ps into float32 sums. ref::conv2d_bf16 is the same arithmetic with double
+// sums.
+//
+// Stride-1 convs (all of the decoder's, most of the encoder's) run a direct kernel with no
+// im2col: the unit pairs two input CHANNELS at one position, so for a band of output rows
+//   S[cp][r][x] = (bf16 t(x[2cp][iy][ix]), bf16 t(x[2cp+1][iy][ix]))   (zero-padded frame)
+// is built once (transformed and rounded once per band), and the B operand of the 14×32
+// micro-kernel for tap (ky, kx) and 32 output pixels of row oy is just 32 consecutive units of
+// S at row oy − oy0 + ky, column x0 + kx — read in place, one plane (R·LD units) per channel pair
+// (zukernel_taps). The weight is reordered once per call to match: per chunk of 32 channel
+// pairs, per tap, per pair. Per task (a band of output rows × a range of Cout rows):
+//   build S (≤ ~512 KB, so it stays in L2) → per chunk, per ≤ 14-row sliver of Cout, per
+//   32-pixel tile: 9 taps × 32 pairs of units into the NCHW output (bias set first).
+// Strided convs (the encoder's downsamplers) take the im2col path of conv2d_avx512_common.h.
 #include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/conv2d_avx512_common.h"
 
 namespace klein::kernels::avx512bf16 {
+namespace {
+
+constexpr int64_t kCPC = 32;                   // channel pairs per chunk: a sliver's A is 14·taps·32 units
+constexpr int64_t kStripBytes = int64_t{512} << 10;
+
+// The weight as bf16 pair units [Cout][T·CP], chunk-major (see top); zero past Cin.
+std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t T, int64_t CP,
+                                     ThreadPool& pool) {
+  const int64_t U = T * CP, K = Cin * T;
+  std::vector<uint16_t> out(static_cast<size_t>(Cout * U * 2), 0);
+  pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
+    std::vector<float> f(K);
+    std::vector<uint16_t> h(K);
+    for (int64_t co = b; co < e; ++co) {
+      weight_row_f32(w, co, K, f.data());  // [Cin][T]
+      f32_to_bf16_row(f.data(), K, h.data());
+      uint16_t* d = out.data() + co * U * 2;
+      for (int64_t ch = 0; ch * kCPC < CP; ++ch) {
+        const int64_t cp0 = ch * kCPC, cpc = std::min(kCPC, CP - cp0);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < cpc; ++i) {
+            const int64_t c = 2 * (cp0 + i), u = T * cp0 + t * cpc + i;
+            d[2 * u] = h[c * T + t];
+            d[2 * u + 1] = c + 1 < Cin ? h[(c + 1) * T + t] : uint16_t{0};
+          }
+      }
+    }
+  });
+  return out;
+}
+
+// S[cp][r][0, LD): frame rows iy = oy0 − pt + r (r < R), column x ↔ ix = x − pl; transformed,
+// rounded, zero outside the image. lo / hi: two float rows of LD.
+void build_strip(const ConvGeom& g, int64_t CP, int64_t oy0, int64_t R, int64_t LD, uint32_t* S, float* lo,
+                 float* hi) {
+  for (int64_t cp = 0; cp < CP; ++cp)
+    for (int64_t r = 0; r < R; ++r) {
+      uint32_t* d = S + (cp * R + r) * LD;
+      const int64_t iy = oy0 - g.pt + r;
+      if (iy < 0 || iy >= g.Hu) {
+        std::memset(d, 0, LD * sizeof(uint32_t));
+        continue;
+      }
+      const int64_t x_lo = std::min<int64_t>(LD, g.pl), x_hi = std::min<int64_t>(LD, g.pl + g.Wu);
+      for (int k = 0; k < 2; ++k) {
+        float* row = k ? hi : lo;
+        const int64_t c = 2 * cp + k;
+        std::fill(row, row + LD, 0.0f);
+        if (c >= g.Cin) continue;
+        const float* src = g.x + (c * g.H + (g.up ? iy >> 1 : iy)) * g.W;
+        float* v = row + x_lo;
+        const int64_t n = x_hi - x_lo;
+        if (g.up)
+          for (int64_t i = 0; i < n; ++i) v[i] = src[i >> 1];
+        else
+          std::memcpy(v, src, n * sizeof(float));
+        if (g.prologue) transform_run(g, c, v, n);
+      }
+      for (int64_t x = 0; x < LD; x += 16)
+        _mm512_storeu_si512(d + x, f32x16x2_to_bf16_pairs(_mm512_loadu_ps(lo + x), _mm512_loadu_ps(hi + x)));
+    }
+}
+
+void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                   const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], KH = w.shape[2], KW = w.shape[3], T = KH * KW, CP = (Cin + 1) / 2;
+  const int64_t U = T * CP, P = OH * OW;
+  const std::vector<uint16_t> wd = direct_weights(w, Cout, Cin, T, CP, pool);
+  const auto* A = reinterpret_cast<const uint32_t*>(wd.data());  // read through Bf16Dot::bcast's memcpy
+  std::vector<float> bvec(Cout, 0.0f);
+  const bool has_bias = bias && !bias->empty();
+  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
+
+  const int64_t n_xt = (OW + kZNR - 1) / kZNR;
+  const int64_t LD = (n_xt * kZNR + KW - 1 + 15) / 16 * 16;
+  const int64_t band = std::clamp<int64_t>(kStripBytes / (CP * LD * 4) - (KH - 1), 1, OH);
+  const int64_t n_band = (OH + band - 1) / band;
+  const int64_t n_sliver = (Cout + kZMR - 1) / kZMR;
+  const int64_t want = 4 * static_cast<int64_t>(pool.size());
+  const int64_t n_cc = std::clamp<int64_t>((want + n_band - 1) / n_band, 1, n_sliver);
+  const int64_t cc_rows = (n_sliver + n_cc - 1) / n_cc * kZMR;
+  const int64_t n_tasks = n_band * n_cc;
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      static thread_local UnitScratch strip_buf, row_buf;
+      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+        const int64_t bi = t / n_cc, cc = t % n_cc;
+        const int64_t oy0 = bi * band, rows_b = std::min(band, OH - oy0), R = rows_b + KH - 1;
+        const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        if (c0 >= c1) continue;
+        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
+        float* lo = row_buf.get<float>(static_cast<size_t>(2 * LD));
+        build_strip(g, CP, oy0, R, LD, S, lo, lo + LD);
+        for (int64_t co = c0; co < c1; ++co) {
+          float* row = o + co * P + oy0 * OW;
+          if (!p.accumulate) {
+            std::fill(row, row + rows_b * OW, bvec[co]);
+          } else if (has_bias) {
+            for (int64_t j = 0; j < rows_b * OW; ++j) row[j] += bvec[co];
+          }
+        }
+        int64_t toff[64];  // tap (ky, kx) → offset in S (checked below: T ≤ 64)
+        for (int64_t ky = 0; ky < KH; ++ky)
+          for (int64_t kx = 0; kx < KW; ++kx) toff[ky * KW + kx] = ky * LD + kx;
+        const Slivers sl(c0, c1, kZMR);
+        for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
+          const int64_t cpc = std::min(kCPC, CP - cp0);
+          for (int64_t i = 0; i < sl.n; ++i) {
+            const int64_t co = sl.begin(i);
+            const uint32_t* a = A + co * U + T * cp0;
+            for (int64_t rr = 0; rr < rows_b; ++rr)
+              for (int64_t xt = 0; xt < n_xt; ++xt) {
+                const int cols = static_cast<int>(std::min<int64_t>(kZNR, OW - xt * kZNR));
+                zukernel_taps_rows<Bf16Dot>(sl.rows(i), a, U, S + (cp0 * R + rr) * LD + xt * kZNR, toff,
+                                            static_cast<int>(T), cpc, R * LD, o + co * P + (oy0 + rr) * OW + xt * kZNR,
+                                            P, true, cols);
+              }
+          }
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool) {
-  conv2d_zmm<Bf16Dot>(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
+  const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
+  if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
+    conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
+  else
+    conv2d_zmm<Bf16Dot>(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
 }
 
 }  // namespace klein::kernels::avx512bf16

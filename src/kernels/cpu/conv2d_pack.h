@@ -265,17 +265,6 @@ void pack_block(const ConvGeom& g, int64_t pix0, int64_t nb, int64_t k0, int64_t
   }
 }
 
-// Cout rows [c0, c1) as micro-kernel slivers of at most mr rows, sizes as even as possible (128
-// rows with mr = 14 → 10 slivers of 12–13, not 9 × 14 + one of 2 that wastes its panel loads).
-struct Slivers {
-  int64_t c0, n, base, extra;  // n slivers; the first `extra` have base + 1 rows, the rest base
-  Slivers(int64_t c0_, int64_t c1, int64_t mr) : c0(c0_) {
-    n = std::max<int64_t>(1, (c1 - c0 + mr - 1) / mr);
-    base = (c1 - c0) / n, extra = (c1 - c0) % n;
-  }
-  int64_t begin(int64_t i) const { return c0 + i * base + std::min(i, extra); }
-  int rows(int64_t i) const { return static_cast<int>(base + (i < extra ? 1 : 0)); }
-};
 
 }  // namespace
 }  // namespace klein::kernels

@@ -49,11 +49,14 @@ inline __mmask16 col_mask(int cols) {  // the first `cols` (0..16) lanes
 
 // C[R×32] (= init or 0, or += when accumulate) + A[R×nq units] · panel[nq][32]. `Op` supplies
 // bcast(const A* unit) → __m512 and madd(c, a, b) → c + a·b per unit. cols ≤ 32 valid columns.
+// Generalised for the direct bf16 conv: the units come in `ntap` runs of nq (A's columns
+// t·nq + q), run t reading B rows at b + toff[t] + q·ldb; the GEMM has one run with ldb = 32.
 // noinline: inlined into the driver, GCC may keep stack copies of the accumulators in the loop
 // (seen in the int8 kernels).
 template <class Op, int R>
-__attribute__((noinline)) void zukernel(const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c, int64_t ldc,
-              bool accumulate, const float* init, int cols) {
+__attribute__((noinline)) void zukernel_taps(const typename Op::A* a, int64_t lda, const uint32_t* b,
+                                             const int64_t* toff, int ntap, int64_t nq, int64_t ldb, float* c,
+                                             int64_t ldc, bool accumulate, const float* init, int cols) {
   static_assert(R >= 1 && R <= kZMR);
   const __mmask16 m0 = col_mask(cols), m1 = col_mask(std::max(0, cols - 16));
   const __m512 i0 = init ? _mm512_maskz_loadu_ps(m0, init) : _mm512_setzero_ps();
@@ -69,13 +72,20 @@ __attribute__((noinline)) void zukernel(const typename Op::A* a, int64_t lda, co
     c##r##_0 = Op::madd(c##r##_0, av, b0);      \
     c##r##_1 = Op::madd(c##r##_1, av, b1);      \
   }
+  for (int t = 0; t < ntap; ++t) {
+    const uint32_t* bt = b + toff[t];
 #pragma GCC unroll 2
-  for (int64_t q = 0; q < nq; ++q) {
-    const __m512 b0 = _mm512_castsi512_ps(_mm512_loadu_si512(b));
-    const __m512 b1 = _mm512_castsi512_ps(_mm512_loadu_si512(b + 16));
-    KLEIN_Z_ROW(0) KLEIN_Z_ROW(1) KLEIN_Z_ROW(2) KLEIN_Z_ROW(3) KLEIN_Z_ROW(4) KLEIN_Z_ROW(5) KLEIN_Z_ROW(6)
-    KLEIN_Z_ROW(7) KLEIN_Z_ROW(8) KLEIN_Z_ROW(9) KLEIN_Z_ROW(10) KLEIN_Z_ROW(11) KLEIN_Z_ROW(12) KLEIN_Z_ROW(13)
-    b += kZNR;
+    for (int64_t q = 0; q < nq; ++q) {
+      const __m512 b0 = _mm512_castsi512_ps(_mm512_loadu_si512(bt));
+      const __m512 b1 = _mm512_castsi512_ps(_mm512_loadu_si512(bt + 16));
+      KLEIN_Z_ROW(0) KLEIN_Z_ROW(1) KLEIN_Z_ROW(2) KLEIN_Z_ROW(3) KLEIN_Z_ROW(4) KLEIN_Z_ROW(5) KLEIN_Z_ROW(6)
+      KLEIN_Z_ROW(7) KLEIN_Z_ROW(8) KLEIN_Z_ROW(9) KLEIN_Z_ROW(10) KLEIN_Z_ROW(11) KLEIN_Z_ROW(12) KLEIN_Z_ROW(13)
+      bt += ldb;
+    }
+#define KLEIN_Z_NEXT(r) if constexpr (R > r) a##r += nq;
+    KLEIN_Z_NEXT(0) KLEIN_Z_NEXT(1) KLEIN_Z_NEXT(2) KLEIN_Z_NEXT(3) KLEIN_Z_NEXT(4) KLEIN_Z_NEXT(5) KLEIN_Z_NEXT(6)
+    KLEIN_Z_NEXT(7) KLEIN_Z_NEXT(8) KLEIN_Z_NEXT(9) KLEIN_Z_NEXT(10) KLEIN_Z_NEXT(11) KLEIN_Z_NEXT(12) KLEIN_Z_NEXT(13)
+#undef KLEIN_Z_NEXT
   }
 #undef KLEIN_Z_ROW
 #define KLEIN_Z_STORE(r)                                                        \
@@ -94,6 +104,13 @@ __attribute__((noinline)) void zukernel(const typename Op::A* a, int64_t lda, co
 #undef KLEIN_Z_STORE
 }
 
+template <class Op, int R>
+inline void zukernel(const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c, int64_t ldc,
+                     bool accumulate, const float* init, int cols) {
+  static constexpr int64_t kNoOffset[1] = {0};
+  zukernel_taps<Op, R>(a, lda, b, kNoOffset, 1, nq, kZNR, c, ldc, accumulate, init, cols);
+}
+
 template <class Op>
 void zukernel_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_t* b, int64_t nq, float* c,
                    int64_t ldc, bool accumulate, const float* init, int cols) {
@@ -105,6 +122,20 @@ void zukernel_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_
     KLEIN_Z_CASE(2)
 #undef KLEIN_Z_CASE
     default: zukernel<Op, 1>(a, lda, b, nq, c, ldc, accumulate, init, cols); break;
+  }
+}
+
+template <class Op>
+void zukernel_taps_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_t* b, const int64_t* toff,
+                        int ntap, int64_t nq, int64_t ldb, float* c, int64_t ldc, bool accumulate, int cols) {
+  switch (rows) {
+#define KLEIN_Z_CASE(n) \
+  case n: zukernel_taps<Op, n>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
+    KLEIN_Z_CASE(14) KLEIN_Z_CASE(13) KLEIN_Z_CASE(12) KLEIN_Z_CASE(11) KLEIN_Z_CASE(10) KLEIN_Z_CASE(9)
+    KLEIN_Z_CASE(8) KLEIN_Z_CASE(7) KLEIN_Z_CASE(6) KLEIN_Z_CASE(5) KLEIN_Z_CASE(4) KLEIN_Z_CASE(3)
+    KLEIN_Z_CASE(2)
+#undef KLEIN_Z_CASE
+    default: zukernel_taps<Op, 1>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
   }
 }
 
@@ -125,8 +156,10 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
         pack_units<kZNR>(src + p * kZNR * ld, ld, static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR)), kc0,
                          kcn, bp + p * kcn * kZNR);
       const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
-      for (int64_t m = m0; m < m1; m += kZMR) {
-        const int rows = static_cast<int>(std::min<int64_t>(kZMR, m1 - m));
+      const Slivers sl(m0, m1, kZMR);
+      for (int64_t i = 0; i < sl.n; ++i) {
+        const int64_t m = sl.begin(i);
+        const int rows = sl.rows(i);
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * kZNR;
           const int cols = static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR));

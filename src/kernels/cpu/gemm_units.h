@@ -59,6 +59,18 @@ struct UnitScratch {
   }
 };
 
+// Rows [c0, c1) as micro-kernel slivers of at most mr rows, sizes as even as possible (128 rows
+// with mr = 14 → 10 slivers of 12–13, not 9 × 14 + one of 2 that wastes its panel loads).
+struct Slivers {
+  int64_t c0, n, base = 0, extra = 0;  // n slivers (0 for an empty range); the first `extra`
+                                       // have base + 1 rows, the rest base
+  Slivers(int64_t c0_, int64_t c1, int64_t mr) : c0(c0_), n(c1 > c0_ ? (c1 - c0_ + mr - 1) / mr : 0) {
+    if (n) base = (c1 - c0) / n, extra = (c1 - c0) % n;
+  }
+  int64_t begin(int64_t i) const { return c0 + i * base + std::min(i, extra); }
+  int rows(int64_t i) const { return static_cast<int>(base + (i < extra ? 1 : 0)); }
+};
+
 // Runs block(m0, m1, n0, n1) over a partition of the [M, N] output among the pool's threads, as
 // the AVX2 GEMM does: N slabs (≤ nc wide, multiples of nr) handed out dynamically, so each slab
 // of W is packed by exactly one thread and a thread that gets less CPU takes fewer slabs; when
