@@ -17,7 +17,7 @@ namespace klein::cli {
 
 Command make_decode_command() {
   struct Opts {
-    std::string model, latents, out, isa, dump, dump_filter;
+    std::string model, latents, out, isa, dump, dump_filter, precision = "fp32";
     int threads = 0, vae_tile = 0;
     double max_memory = 0;
     bool quiet = false;
@@ -33,6 +33,10 @@ Command make_decode_command() {
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, ... (default: the best)");
+    s->add_option("--precision", o->precision,
+                  "fp32: exact float32 arithmetic (default); fast: the dot-product kernels (bf16 convolutions and "
+                  "attention where the CPU has AVX512_BF16)")
+        ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode in seamless tiles of N image pixels (a multiple of 8; same image, less memory). "
                   "Default: automatic, tiles only very large images")
@@ -57,6 +61,7 @@ Command make_decode_command() {
     LoadOptions lo;
     lo.threads = o->threads;
     lo.isa = o->isa;
+    lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.vae_tile = o->vae_tile;
     lo.max_memory_gib = o->max_memory;
     auto model = Model::open(o->model, lo);
