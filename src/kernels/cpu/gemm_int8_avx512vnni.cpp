@@ -3,6 +3,7 @@
 // 14 rows: 14×32 measured the same within the noise of a shared machine, 66-75 % vs 67-80 % of
 // the vpdpbusd peak, so the smaller tile that leaves the compiler registers). The driver,
 // quantization and exact rescale are gemm_int8_common.h's; activations are u8 = q + 128.
+#include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_int8_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 
@@ -12,6 +13,11 @@ namespace {
 struct Vnni512 {
   static constexpr int kMR = 12, kNR = 32;
   static constexpr bool kShift = true;
+
+  // Panels by zmm transposes (gemm_avx512_common.h), not a scalar move per unit.
+  static void pack(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
+    pack_units_z(src, ld, nr, q0, nq, dst);
+  }
 
   // sum[j] += Σ_q Σ_i panel[q][j].byte[i] for the NR columns: vpdpbusd with all-ones u8.
   static void colsum(const uint32_t* panel, int64_t nq, int32_t* sum) {

@@ -114,8 +114,11 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
       const int64_t kcn = std::min(kI8KC, KQ - kc0);
       for (int64_t p = 0; p < np; ++p) {
         uint32_t* panel = bp + p * kcn * NR;
-        pack_units<NR>(src + p * NR * ld, ld, static_cast<int>(std::min<int64_t>(NR, ncn - p * NR)), kc0, kcn,
-                       panel);
+        const int nr = static_cast<int>(std::min<int64_t>(NR, ncn - p * NR));
+        if constexpr (requires { UK::pack(src, ld, nr, kc0, kcn, panel); })
+          UK::pack(src + p * NR * ld, ld, nr, kc0, kcn, panel);  // the kernel's own (vectorised) packing
+        else
+          pack_units<NR>(src + p * NR * ld, ld, nr, kc0, kcn, panel);
         if constexpr (UK::kShift) UK::colsum(panel, kcn, corr + p * NR);
       }
       const bool acc = kc0 > 0, last = kc0 + kcn == KQ;
