@@ -12,9 +12,11 @@
 #   KLEIN_FID_SIZE     default 256x256
 #   KLEIN_FID_THREADS  default: all cores
 #
-# The velocities come from the free-running loop (each format's own latents), so later steps
-# include the drift of the earlier ones; step 1 sees the same noise in every run (only the
-# prompt_embeds differ), so its cosine is the closest to a transformer-output comparison.
+# The velocities of the first table come from the free-running loop (each format's own text
+# encoder and latents), so they include the drift of everything before them. The second table is
+# the transformer alone: every format denoises from the float32 run's prompt_embeds
+# (`--prompt-embeds`) and the same noise, so step 1's velocity differs only by the transformer's
+# weights and arithmetic (seed 004's "DiT cosine"); compared with float32 and with bf16 / fast.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -46,16 +48,18 @@ folder_of() {  # format -> model folder, quantizing once
   esac
 }
 
-run() {  # name folder precision
-  "$build/klein" generate --model "$2" -p "$prompt" -W "$w" -H "$h" --steps $steps --seed 42 -t "$threads" \
-      --precision "$3" -q --dump "$work/$1" --dump-filter prompt_embeds,velocity_step -o "$work/$1.png"
+run() {  # name folder precision [extra generate arguments...]
+  local name=$1 folder=$2 prec=$3
+  shift 3
+  "$build/klein" generate --model "$folder" -W "$w" -H "$h" --steps $steps --seed 42 -t "$threads" \
+      --precision "$prec" -q --dump "$work/$name" --dump-filter prompt_embeds,velocity_step -o "$work/$name.png" "$@"
 }
 field() { awk -v k="$1" '$1 == k { print $2 }'; }  # a value of `klein compare`'s output
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
 echo "# $(date -u +%FT%TZ) $cpu, $threads threads; klein $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?');" \
      "$w x $h, $steps steps, seed 42; against klein --precision fp32 on $model"
-run ref "$model" fp32
+run ref "$model" fp32 -p "$prompt"
 echo
 header="| weights / precision | PSNR dB | SSIM | correlation | prompt_embeds cosine"
 sep="|---|---|---|---|---"
@@ -65,7 +69,7 @@ echo "$sep|"
 for fp in $formats; do
   fmt=${fp%%:*}; prec=${fp#*:}
   name=${fmt}_$prec
-  run "$name" "$(folder_of "$fmt")" "$prec"
+  run "$name" "$(folder_of "$fmt")" "$prec" -p "$prompt"
   img=$("$build/klein" compare "$work/ref.png" "$work/$name.png")
   row="| $fmt / $prec | $(field psnr <<<"$img") | $(field ssim <<<"$img") | $(field correlation <<<"$img")"
   row+=" | $("$build/klein" compare "$work/ref/prompt_embeds.npy" "$work/$name/prompt_embeds.npy" | field cosine)"
@@ -73,4 +77,20 @@ for fp in $formats; do
     row+=" | $("$build/klein" compare "$work/ref/velocity_step$k.npy" "$work/$name/velocity_step$k.npy" | field cosine)"
   done
   echo "$row |"
+done
+
+echo
+echo "Transformer alone (the float32 run's prompt_embeds, the same noise): step 1 velocity cosine"
+echo
+echo "| weights / precision | vs fp32 | vs bf16 / fast |"
+echo "|---|---|---|"
+embeds=$work/ref/prompt_embeds.npy
+run tf_bf16 "$model" fast --prompt-embeds "$embeds"
+for fp in $formats; do
+  fmt=${fp%%:*}; prec=${fp#*:}
+  name=tf_${fmt}_$prec
+  [ "$name" = tf_bf16_fast ] || run "$name" "$(folder_of "$fmt")" "$prec" --prompt-embeds "$embeds"
+  v=velocity_step1.npy
+  echo "| $fmt / $prec | $("$build/klein" compare "$work/ref/$v" "$work/$name/$v" | field cosine)" \
+       "| $("$build/klein" compare "$work/tf_bf16_fast/$v" "$work/$name/$v" | field cosine) |"
 done

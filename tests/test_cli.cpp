@@ -117,6 +117,60 @@ TEST(Cli, CompareArrays) {
   fs::remove_all(dir);
 }
 
+// --prompt-embeds: a prompt's dumped embeddings given back instead of the prompt give the same
+// image, pixel for pixel (the text encoder is skipped, nothing else changes); a different prompt's
+// embeddings give a different one; embeddings of the wrong shape, with a NaN, or given together
+// with a prompt are one clear error and write nothing.
+TEST(Cli, PromptEmbedsReplaceTheEncoder) {
+  auto dir = klein::testing::make_temp_dir("cli_embeds");
+  const std::string gen = "generate --model " + model() + " -W 64 -H 48 --steps 2 --seed 3 -q ";
+  auto r = run_cli(gen + "-p 'a cat' -o '" + (dir / "g.png").string() + "' --dump '" + (dir / "d").string() +
+                   "' --dump-filter prompt_embeds,latents_step2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string pe = (dir / "d" / "prompt_embeds.npy").string();
+  r = run_cli(gen + "--prompt-embeds '" + pe + "' -o '" + (dir / "e.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("compare '" + (dir / "g.png").string() + "' '" + (dir / "e.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("identical"), std::string::npos) << r.out;
+
+  r = run_cli("encode --model " + model() + " -q --prompt 'a dog on a beach' -o '" + (dir / "dog.npy").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli(gen + "--prompt-embeds '" + (dir / "dog.npy").string() + "' -o '" + (dir / "f.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("compare '" + (dir / "g.png").string() + "' '" + (dir / "f.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("identical"), std::string::npos) << r.out;
+
+  auto a = klein::read_npy(pe);
+  ASSERT_TRUE(a.ok());
+  std::vector<float> v = a->to_f32();
+  const int64_t E = a->shape[2];
+  v[5] = std::nanf("");
+  ASSERT_TRUE(klein::write_npy(dir / "nan.npy", klein::DType::kF32, a->shape, v.data()).ok());
+  ASSERT_TRUE(klein::write_npy(dir / "narrow.npy", klein::DType::kF32, {1, 4, E - 1}, v.data() + 8).ok());
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string out = " -o '" + (dir / "bad.png").string() + "'";
+  const std::vector<Case> cases = {
+      {gen + "--prompt-embeds '" + (dir / "nan.npy").string() + "'" + out, "non-finite value at flat index 5"},
+      {gen + "--prompt-embeds '" + (dir / "narrow.npy").string() + "'" + out, "expected prompt embeddings"},
+      {gen + "--prompt-embeds '" + (dir / "d" / "latents_step2.npy").string() + "'" + out, "expected prompt embeddings"},
+      {gen + "--prompt-embeds '" + (dir / "none.npy").string() + "'" + out, "none.npy"},
+      {gen + "-p x --prompt-embeds '" + pe + "'" + out, "excludes"},
+  };
+  for (const auto& c : cases) {
+    r = run_cli(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << c.args;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\nstderr: " << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << c.args << "\nstderr: " << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir / "bad.png"));
+  fs::remove_all(dir);
+}
+
 TEST(Cli, InfoDescribesComponents) {
   auto r = run_cli("info --model " + model());
   ASSERT_EQ(r.exit_code, 0) << r.err;

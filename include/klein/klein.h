@@ -152,6 +152,9 @@ struct GenerateRequest {
   int width = 0, height = 0, steps = 0;  // as DenoiseParams
   uint64_t seed = 0;
   std::string noise_npy;     // if set: initial noise (1, 128, H/16, W/16) from this .npy
+  // If set: prompt_embeds [1, T, 3·hidden] (float32 .npy, e.g. from `klein encode`) used instead of
+  // encoding `prompt` (which is then only recorded in the metadata and may be empty).
+  std::string prompt_embeds_npy;
   bool bf16_noise = false;
   std::vector<std::string> reference_images;  // editing: 1..N image files (PNG/JPEG/WebP)
   DumpOptions dump;

@@ -429,6 +429,25 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     }
     KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&given, req.noise_npy, g.width, g.height, req.seed, req.bf16_noise));
     given = {};
+    // Given prompt embeddings replace the text encoder; read and checked before any model work.
+    std::optional<Tensor> given_embeds;
+    if (!req.prompt_embeds_npy.empty()) {
+      KLEIN_ASSIGN_OR_RETURN(auto arr, read_npy(req.prompt_embeds_npy));
+      FloatArray e{arr.shape, arr.to_f32()};
+      const std::string what = req.prompt_embeds_npy;
+      KLEIN_ASSIGN_OR_RETURN(Tensor t, to_tensor(e, what));
+      // T is bounded by the sequence length the memory plan assumes; the width is the
+      // transformer's joint_attention_dim (3 × the text encoder's hidden size).
+      if (t.shape().size() != 3 || t.dim(0) != 1 || t.dim(1) < 1 || t.dim(1) > kKleinMaxSequenceLength ||
+          t.dim(2) != m.dit_cfg.joint_attention_dim)
+        return invalid_argument(what + ": expected prompt embeddings [1, T <= " + std::to_string(kKleinMaxSequenceLength) +
+                                ", " + std::to_string(m.dit_cfg.joint_attention_dim) + "] for this model, got " +
+                                shape_str(t.shape()));
+      for (int64_t i = 0; i < t.numel(); ++i)
+        if (!std::isfinite(t.data()[i]))
+          return invalid_argument(what + ": non-finite value at flat index " + std::to_string(i));
+      given_embeds = std::move(t);
+    }
     // With a memory budget: the plan, or the size this request needs, before any model work.
     int64_t ref_tokens = 0;
     for (const auto& p : prepared) ref_tokens += (p.pixels.dim(2) / 16) * (p.pixels.dim(3) / 16);
@@ -438,7 +457,13 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*m.engine, &dumper, cb);
 
-    KLEIN_ASSIGN_OR_RETURN(auto prompt, m.encode_prompt(req.prompt, kKleinMaxSequenceLength, ctx));
+    Tensor embeds;
+    if (given_embeds) {
+      embeds = std::move(*given_embeds);
+    } else {
+      KLEIN_ASSIGN_OR_RETURN(auto prompt, m.encode_prompt(req.prompt, kKleinMaxSequenceLength, ctx));
+      embeds = std::move(prompt.embeds);
+    }
     // Editing: the VAE encodes the references and later decodes the result; it is mapped once
     // and held for the request (a small component next to the transformer).
     std::shared_ptr<const Flux2Vae> vae;
@@ -448,7 +473,7 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
       KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx, m.vae_tiling()));
       prepared.clear();  // pixels no longer needed
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(prompt.embeds, ref_latents, g, std::move(noise), ctx, cb.preview));
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(embeds, ref_latents, g, std::move(noise), ctx, cb.preview));
     if (!vae) {
       KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
     }
@@ -460,7 +485,8 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
     r.width = g.width;
     r.height = g.height;
     r.steps = g.steps;
-    r.metadata = {{"prompt", req.prompt},
+    r.metadata = {{"prompt", req.prompt_embeds_npy.empty() ? req.prompt
+                                                           : "embeddings file " + last_path_component(req.prompt_embeds_npy)},
                   {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
                   {"steps", std::to_string(g.steps)},
                   {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},

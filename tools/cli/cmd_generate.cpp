@@ -22,7 +22,7 @@ std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/dat
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, prompt_file, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
+    std::string model, prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
         memory = "low", isa, precision = "fp32", seed = "0", backend = "auto";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
@@ -36,8 +36,13 @@ Command make_generate_command() {
     s->add_option("--model,-m", o->model,
                   "Model folder (diffusers layout). Default: the tiny random-weight test model in tests/data/tiny");
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
-    s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
-        ->excludes(prompt);
+    auto* pfile = s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
+                      ->excludes(prompt);
+    s->add_option("--prompt-embeds", o->prompt_embeds,
+                  "Use these prompt embeddings [1, T, 3*hidden] (.npy, e.g. from `klein encode` or --dump's "
+                  "prompt_embeds.npy) instead of encoding a prompt")
+        ->excludes(prompt)
+        ->excludes(pfile);
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
     s->add_option("--width,-W", o->width, "Image width in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
@@ -71,7 +76,8 @@ Command make_generate_command() {
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
                   "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
-                  "kernels (bf16 dot products, int8 W8A8 for Q8_ROW weights), on CUDA bf16 GEMMs")
+                  "kernels (bf16 GEMMs, convolutions and attention where the CPU has AVX512_BF16; int8 W8A8 for "
+                  "Q8_ROW weights, W4A8 for Q4_G64), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
@@ -83,13 +89,15 @@ Command make_generate_command() {
     std::string ext = out.extension().string();
     for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (ext != ".png") return fail(invalid_argument("-o " + o->out + ": output must be a .png file"));
-    std::vector<std::pair<std::string, std::string>> inputs = {{"--noise", o->noise}, {"--prompt-file", o->prompt_file}};
+    std::vector<std::pair<std::string, std::string>> inputs = {
+        {"--noise", o->noise}, {"--prompt-file", o->prompt_file}, {"--prompt-embeds", o->prompt_embeds}};
     for (const auto& r : o->refs) inputs.emplace_back("--ref", r);
     if (Status st = check_output_path("-o", o->out, inputs); !st.ok()) return fail(st);
     uint64_t seed = 0;
     if (Status st = parse_seed(o->seed, &seed); !st.ok()) return fail(st);
     std::string prompt;
-    if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
+    if (o->prompt_embeds.empty())
+      if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
 
     if (!o->preview.empty()) {
       const fs::path pv(o->preview);
@@ -120,6 +128,7 @@ Command make_generate_command() {
     g.steps = o->steps;
     g.seed = seed;
     g.noise_npy = o->noise;
+    g.prompt_embeds_npy = o->prompt_embeds;
     g.bf16_noise = o->noise_dtype == "bf16";
     g.reference_images = o->refs;
     g.dump = {o->dump, o->dump_filter};
