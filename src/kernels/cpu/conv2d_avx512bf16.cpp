@@ -20,7 +20,7 @@
 namespace klein::kernels::avx512bf16 {
 namespace {
 
-constexpr int64_t kCPC = 32;                   // channel pairs per chunk: a sliver's A is 14·taps·32 units
+constexpr int64_t kCPC = 64;                   // channel pairs per chunk: a sliver's A is 14·taps·64 units
 constexpr int64_t kStripBytes = int64_t{512} << 10;
 
 // The weight as bf16 pair units [Cout][T·CP], chunk-major (see top); zero past Cin.

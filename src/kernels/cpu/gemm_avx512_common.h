@@ -188,7 +188,10 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
                      bp + p * kcn * kZNR);
       const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
       const Slivers sl(m0, m1, kZMR);
+      // The next slice's weight rows, fetched while this slice computes (gemm_units.h).
+      SlicePrefetch pf(src + (kc0 + kcn) * 4, ld, ncn, std::min(kZKC, KU - (kc0 + kcn)) * 4, sl.n);
       for (int64_t i = 0; i < sl.n; ++i) {
+        pf.step();
         const int64_t m = sl.begin(i);
         const int rows = sl.rows(i);
         for (int64_t p = 0; p < np; ++p) {

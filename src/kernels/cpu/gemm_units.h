@@ -71,6 +71,24 @@ struct Slivers {
   int rows(int64_t i) const { return static_cast<int>(base + (i < extra ? 1 : 0)); }
 };
 
+// Software prefetch of the next K slice of a weight slab, spread over the M loop of the current
+// one: rows [0, rows) of `bytes` each, at base + j·ld, fetched into L2 a few lines per step.
+// Packing reads a slab as many short row segments at a stride of K, which the hardware
+// prefetchers follow poorly, and every weight is cold within a forward pass. Measured with W
+// evicted before each call (2 threads, Zen 4, DiT and text-encoder shapes, median of 3 on a
+// noisy shared machine): bf16 -2 %, W4A8 -3 %, W8A8 -7 % time.
+struct SlicePrefetch {
+  const uint8_t* base = nullptr;
+  int64_t ld = 0, lines_per_row = 0, total = 0, per_step = 0, next = 0;
+  SlicePrefetch(const void* base_, int64_t ld_, int64_t rows, int64_t bytes, int64_t steps)
+      : base(static_cast<const uint8_t*>(base_)), ld(ld_), lines_per_row((bytes + 63) / 64),
+        total(bytes > 0 ? rows * lines_per_row : 0), per_step((total + std::max<int64_t>(1, steps) - 1) / std::max<int64_t>(1, steps)) {}
+  void step() {
+    for (const int64_t e = std::min(total, next + per_step); next < e; ++next)
+      __builtin_prefetch(base + (next / lines_per_row) * ld + (next % lines_per_row) * 64, 0, 2);
+  }
+};
+
 // Runs block(m0, m1, n0, n1) over a partition of the [M, N] output among the pool's threads, as
 // the AVX2 GEMM does: N slabs (≤ nc wide, multiples of nr) handed out dynamically, so each slab
 // of W is packed by exactly one thread and a thread that gets less CPU takes fewer slabs; when

@@ -139,7 +139,11 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0
         pack_q4_panel(W, nc0 + p * kNR, static_cast<int>(std::min<int64_t>(kNR, ncn - p * kNR)), g0, ng,
                       bp + p * ng * 16 * kNR, sp + p * 2 * ng * kNR, sp + p * 2 * ng * kNR + ng * kNR);
       const bool acc = g0 > 0, last = g0 + ng == G;
+      // The next slice's nibbles (32 bytes per group per row), fetched while this one computes.
+      SlicePrefetch pf(static_cast<const uint8_t*>(W.data) + nc0 * (K / 2) + (g0 + ng) * 32, K / 2, ncn,
+                       std::min(kKG, G - (g0 + ng)) * 32, (m1 - m0 + kMR - 1) / kMR);
       for (int64_t m = m0; m < m1; m += kMR) {
+        pf.step();
         const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * kNR;
