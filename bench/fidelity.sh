@@ -85,7 +85,7 @@ echo
 echo "| weights / precision | vs fp32 | vs bf16 / fast |"
 echo "|---|---|---|"
 embeds=$work/ref/prompt_embeds.npy
-run tf_bf16 "$model" fast --prompt-embeds "$embeds"
+run tf_bf16_fast "$model" fast --prompt-embeds "$embeds"
 for fp in $formats; do
   fmt=${fp%%:*}; prec=${fp#*:}
   name=tf_${fmt}_$prec
