@@ -61,9 +61,10 @@ struct V16 {
 
 }  // namespace
 
-const EltwiseFns& eltwise() {
-  static const EltwiseFns fns = EltwiseSimd<V16>::table();
-  return fns;
-}
+// constexpr: the table is data in the binary. The registry takes every ISA's table on every CPU,
+// and a run-time initialisation compiled in this file may use its ISA (GCC filled a
+// function-local static table with zmm stores: SIGILL on AVX2-only CPUs).
+constexpr EltwiseFns kFns = EltwiseSimd<V16>::table();
+const EltwiseFns& eltwise() { return kFns; }
 
 }  // namespace klein::kernels::avx512

@@ -199,7 +199,7 @@ struct EltwiseSimd {
     for_each(n, [&](int64_t i, auto io) { io.store(y + i, V::exp(io.load(x + i))); });
   }
 
-  static EltwiseFns table() {
+  static constexpr EltwiseFns table() {
     return {
         .rms_norm = rms_norm,
         .layer_norm = layer_norm,
