@@ -2,12 +2,14 @@
 // and the C API with its example program.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <sys/wait.h>
 
 #include "io/file_counter.h"
+#include "io/npy.h"
 #include "klein/klein.h"
 #include "klein/klein_c.h"
 #include "testing.h"
@@ -277,6 +279,50 @@ TEST(CApi, OpenGenerateSave) {
   klein_image_free(nullptr);
   klein_model_free(nullptr);
   EXPECT_STREQ(klein_version(), klein::version());
+  fs::remove_all(dir);
+}
+
+// prompt_embeds_npy stands in for the text encoder: embeddings of the same prompt give the same
+// image byte for byte; prompt and embeddings together, or a missing file, are refused.
+TEST(CApi, PromptEmbeddingsReplaceThePrompt) {
+  auto dir = klein::testing::make_temp_dir("capi_embeds");
+  auto cpp = open_model(klein::MemoryPolicy::kLow);
+  ASSERT_TRUE(cpp);
+  auto pe = cpp->encode_prompt("a red fox");
+  ASSERT_TRUE(pe.ok()) << pe.status().to_string();
+  const std::string npy = (dir / "fox.npy").string();
+  ASSERT_TRUE(klein::write_npy(npy, klein::DType::kF32, pe->shape, pe->data.data()).ok());
+
+  klein_error err;
+  klein_model* model = nullptr;
+  klein_load_params lp = klein_load_default_params();
+  lp.threads = 2;
+  ASSERT_EQ(klein_model_open(tiny().c_str(), &lp, &model, &err), KLEIN_OK) << err.message;
+  klein_generate_params gp = klein_generate_default_params();
+  gp.width = gp.height = 32;
+  gp.steps = 2;
+  gp.seed = 5;
+  gp.prompt = "a red fox";
+  klein_image* from_prompt = nullptr;
+  ASSERT_EQ(klein_model_generate(model, &gp, &from_prompt, &err), KLEIN_OK) << err.message;
+  gp.prompt_embeds_npy = npy.c_str();
+  klein_image* none = nullptr;
+  EXPECT_EQ(klein_model_generate(model, &gp, &none, &err), KLEIN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("exclude"), std::string::npos) << err.message;
+  gp.prompt = nullptr;
+  klein_image* from_embeds = nullptr;
+  ASSERT_EQ(klein_model_generate(model, &gp, &from_embeds, &err), KLEIN_OK) << err.message;
+  ASSERT_EQ(from_embeds->width, from_prompt->width);
+  ASSERT_EQ(from_embeds->height, from_prompt->height);
+  EXPECT_EQ(std::memcmp(from_embeds->rgb, from_prompt->rgb, size_t{32} * 32 * 3), 0);
+  const std::string missing = (dir / "missing.npy").string();
+  gp.prompt_embeds_npy = missing.c_str();
+  EXPECT_EQ(klein_model_generate(model, &gp, &none, &err), KLEIN_NOT_FOUND);
+  EXPECT_NE(std::string(err.message).find("missing.npy"), std::string::npos) << err.message;
+  EXPECT_EQ(none, nullptr);
+  klein_image_free(from_prompt);
+  klein_image_free(from_embeds);
+  klein_model_free(model);
   fs::remove_all(dir);
 }
 

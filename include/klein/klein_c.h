@@ -87,7 +87,7 @@ typedef struct klein_load_params {
 } klein_load_params;
 
 typedef struct klein_generate_params {
-  const char* prompt;
+  const char* prompt;     /* required unless prompt_embeds_npy is set; then it must be NULL */
   int width, height;  /* 0: the first reference's size, else 1024; floored to multiples of 16 */
   int steps;          /* 0: 4 */
   uint64_t seed;
@@ -100,6 +100,9 @@ typedef struct klein_generate_params {
   klein_cancel_fn cancel;
   klein_preview_fn preview;
   void* user_data;        /* passed to every callback */
+  /* NULL or a float32 .npy with prompt embeddings [1, T <= 512, joint_attention_dim] (as written by
+   * `klein encode` or a --dump's prompt_embeds.npy), used instead of the text encoder. */
+  const char* prompt_embeds_npy;
 } klein_generate_params;
 
 KLEIN_API klein_load_params klein_load_default_params(void);

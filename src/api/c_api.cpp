@@ -91,11 +91,15 @@ klein_status klein_model_generate(klein_model* model, const klein_generate_param
     *out = nullptr;
     if (!model || !model->model) return klein::invalid_argument("klein_model_generate: model is NULL");
     if (!params) return klein::invalid_argument("klein_model_generate: params is NULL");
-    if (!params->prompt) return klein::invalid_argument("klein_model_generate: prompt is NULL");
+    if (!params->prompt && !params->prompt_embeds_npy)
+      return klein::invalid_argument("klein_model_generate: prompt is NULL (and no prompt_embeds_npy)");
+    if (params->prompt && params->prompt_embeds_npy)
+      return klein::invalid_argument("klein_model_generate: prompt and prompt_embeds_npy exclude each other");
     if (params->num_reference_images < 0 || (params->num_reference_images > 0 && !params->reference_images))
       return klein::invalid_argument("klein_model_generate: reference_images does not hold num_reference_images paths");
     klein::GenerateRequest req;
-    req.prompt = params->prompt;
+    if (params->prompt) req.prompt = params->prompt;
+    if (params->prompt_embeds_npy) req.prompt_embeds_npy = params->prompt_embeds_npy;
     req.width = params->width;
     req.height = params->height;
     req.steps = params->steps;
