@@ -4,7 +4,8 @@
 // panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
-// AVX512_VNNI) and the AVX512_BF16 GEMM for every other weight format; the AVX512_BF16 conv2d
+// AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX512_VNNI) and the AVX512_BF16 GEMM
+// for every other weight format; the AVX512_BF16 conv2d
 // for every format (beside the exact AVX-512F one) and the AVX512_BF16 attention.
 #include "kernels/registry.h"
 
@@ -52,6 +53,7 @@ std::vector<KernelEntry> build_table() {
     t.push_back({.op = Op::kLinear, .format = f, .isa = isa, .name = name, .fast = fast, .linear = fn});
   };
   add_linear(Isa::kScalar, DType::kQ8Row, "linear_w8a8_ref", scalar::linear_w8a8, true);
+  add_linear(Isa::kScalar, DType::kQ4G64, "linear_w4a8_ref", scalar::linear_w4a8, true);
 #if defined(KLEIN_X86)
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;
@@ -71,6 +73,7 @@ std::vector<KernelEntry> build_table() {
                  .fast = true, .conv2d = avx512bf16::conv2d});
   }
   add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
+  add_linear(Isa::kAvx2, DType::kQ4G64, "gemm_w4a8_avx2", avx2::linear_q4, true);
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);

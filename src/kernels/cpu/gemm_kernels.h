@@ -43,6 +43,9 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 namespace avx2 {  // Isa::kAvx2: vpmaddubsw + vpmaddwd
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Q4_G64 weights, W4A8 as avx512vnni::linear_q4 (the same bits) with vpmaddubsw int16 chains.
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
 
 }  // namespace klein::kernels

@@ -38,6 +38,14 @@ void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   }, 16);
 }
 
+void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const Weight b = bias_view(W, bias_f32);
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    ref::linear_w4a8(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
+  }, 16);
+}
+
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
                int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {

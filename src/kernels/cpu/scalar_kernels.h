@@ -17,6 +17,9 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
 // ref::linear_w8a8 on blocks of rows of x (Q8_ROW weights; the fast W8A8 reference).
 void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy);
+// ref::linear_w4a8 on blocks of rows of x (Q4_G64 weights; the fast W4A8 reference).
+void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy);
 
 // ref::attention per kv head (with its group of query heads).
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
