@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(g++ cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev
       libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev
       libcpp-httplib-dev                            # klein serve
+      qemu-user                                     # tests/avx2_only_cpu.sh: an AVX2-only CPU, emulated
       python3 python3-venv chromium chromium-driver # the server tests (openai, selenium: pip, in a venv)
       # scripts/fuzz.sh: clang and its libFuzzer + sanitizer runtimes (both metapackages follow
       # the distribution's default LLVM, so their versions match)

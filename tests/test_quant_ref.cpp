@@ -5,7 +5,7 @@
 // diffusers pipeline in float32 with klein's W8A8 / W4A8 / bf16-dot arithmetic on every Linear.
 //
 // Which arithmetic an ISA gets is klein's kernel selection, so each run asks its KernelSet
-// whether Q4_G64 linears are W4A8 (else dequantized float32) and whether float linears are bf16
+// whether Q4_G64 linears are W4A8 (under fast; dequantized float32 under fp32) and whether float linears are bf16
 // dot products (else float32), and compares with the fixture of that combination.
 //
 // Every component is fed the reference's input, so that a difference is the component's own:
@@ -213,14 +213,21 @@ TEST(QuantRef, KleinQuantizeWritesTheRecipeBytes) {
 struct QuantRun {
   std::string type;  // "q8" or "q4"
   Isa isa;
+  kernels::Precision precision = kernels::Precision::kFast;
 };
 
-void PrintTo(const QuantRun& r, std::ostream* os) { *os << r.type << "_" << isa_name(r.isa); }
+std::string run_name(const QuantRun& r) {
+  return r.type + "_" + std::string(isa_name(r.isa)) + (r.precision == kernels::Precision::kFp32 ? "_fp32" : "");
+}
+void PrintTo(const QuantRun& r, std::ostream* os) { *os << run_name(r); }
 
+// Every ISA under --precision fast, and q4 also under fp32: there Q4_G64 linears compute the
+// dequantized weights in float32 (the q4_deq_f32 fixture: no activation rounding, so exact).
 std::vector<QuantRun> quant_runs() {
   std::vector<QuantRun> r;
   for (const char* t : {"q8", "q4"})
     for (Isa isa : CpuFeatures::host().isas()) r.push_back({t, isa});
+  for (Isa isa : CpuFeatures::host().isas()) r.push_back({"q4", isa, kernels::Precision::kFp32});
   return r;
 }
 
@@ -228,8 +235,8 @@ class QuantRefPipeline : public ::testing::TestWithParam<QuantRun> {};
 
 TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
   const QuantRun& run = GetParam();
-  // The arithmetic this ISA gets under --precision fast, and the fixture of that arithmetic.
-  const auto ks = kernels::KernelSet::select(CpuFeatures::host(), run.isa, kernels::Precision::kFast);
+  // The arithmetic this ISA gets at the run's precision, and the fixture of that arithmetic.
+  const auto ks = kernels::KernelSet::select(CpuFeatures::host(), run.isa, run.precision);
   const std::string q4 = run.type == "q8" ? "none" : ks.get(kernels::Op::kLinear, DType::kQ4G64).fast ? "w4a8" : "deq";
   const std::string flt = ks.get(kernels::Op::kLinear, DType::kBF16).fast ? "bf16" : "f32";
   nlohmann::json c;
@@ -250,7 +257,7 @@ TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
   lo.threads = 2;
   lo.memory = MemoryPolicy::kResident;
   lo.isa = std::string(isa_name(run.isa));
-  lo.precision = Precision::kFast;
+  lo.precision = run.precision == kernels::Precision::kFast ? Precision::kFast : Precision::kFp32;
   auto model = Model::open(qdir.string(), lo);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
 
@@ -261,7 +268,7 @@ TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
 
   // Single text-encoder layers from the reference's hidden state: layer te_layers[i] maps
   // te_hidden_in[i] [L, hidden] to prompt_embeds columns [i·hidden, (i+1)·hidden).
-  CpuBackend be(CpuBackendOptions{2, run.isa, kernels::Precision::kFast});
+  CpuBackend be(CpuBackendOptions{2, run.isa, run.precision});
   RunContext ctx;
   ctx.backend = &be;
   {
@@ -357,5 +364,5 @@ TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, QuantRefPipeline, ::testing::ValuesIn(quant_runs()), [](const auto& info) {
-  return info.param.type + "_" + std::string(isa_name(info.param.isa));
+  return run_name(info.param);
 });
