@@ -43,10 +43,14 @@ struct Madd4 {
 #pragma GCC unroll 8
         for (int q = 0; q < 8; ++q) {
           const __m256i bv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-#define KW_ROW(r)                                                                    \
-  if constexpr (R > r)                                                               \
-    h##r = _mm256_add_epi16(                                                         \
-        h##r, _mm256_maddubs_epi16(bv, _mm256_set1_epi32(static_cast<int>(a[q * kMR + r]))));
+// The empty asm keeps each chain a chain: GCC's reassociation otherwise turned the 8 integer
+// adds into a tree, computed all 32 products first and spilled them to the stack.
+#define KW_ROW(r)                                                                       \
+  if constexpr (R > r) {                                                                \
+    h##r = _mm256_add_epi16(                                                            \
+        h##r, _mm256_maddubs_epi16(bv, _mm256_set1_epi32(static_cast<int>(a[q * kMR + r])))); \
+    asm("" : "+x"(h##r));                                                               \
+  }
           KW_ROW(0) KW_ROW(1) KW_ROW(2) KW_ROW(3)
 #undef KW_ROW
           b += kNR;
