@@ -14,6 +14,8 @@
 #                     default "bf16:fast q8:fast q4:fast"
 #   KLEIN_VS_REPS     runs per engine and case; the best whole-image time is kept (default 2:
 #                     the first also warms the page cache for the second)
+#   KLEIN_VS_PT_REPS  runs of PyTorch per case (default KLEIN_VS_REPS; 0: no PyTorch row). Without
+#                     AVX512_BF16, PyTorch's bf16 takes ~27 min per 256² image on 2 cores (Zen 3)
 #   KLEIN_VS_THREADS  threads for both engines (default: all cores)
 # Each run is a fresh process (load included): "wall" is process start to image written.
 set -euo pipefail
@@ -26,6 +28,7 @@ sizes=${KLEIN_VS_SIZES:-256x256}
 modes=${KLEIN_VS_MODES:-t2i edit}
 formats=${KLEIN_VS_FORMATS:-bf16:fast q8:fast q4:fast}
 reps=${KLEIN_VS_REPS:-2}
+pt_reps=${KLEIN_VS_PT_REPS:-$reps}
 threads=${KLEIN_VS_THREADS:-$(nproc)}
 prompt="a photo of a cat on a red sofa"
 seed=42
@@ -98,14 +101,16 @@ for size in $sizes; do
       refargs=(--ref "$work/ref.png")
     fi
     best=""
-    for ((i = 0; i < reps; i++)); do
+    for ((i = 0; i < pt_reps; i++)); do
       /usr/bin/time -f 'WALL %e' "$py" "$here/pytorch_run.py" --model "$model" -W "$w" -H "$h" --steps 4 \
           --seed $seed --threads "$threads" --prompt "$prompt" "${refargs[@]}" -o "$work/pt.png" > "$work/pt.log" 2>&1
       wall=$(awk '$1=="WALL"{print $2}' "$work/pt.log")
       if [ -z "$best" ] || awk "BEGIN{exit !($wall < ${best%% *})}"; then best="$wall $(parse pytorch "$work/pt.log")"; fi
     done
-    read -r wall enc ref step dec call rss <<<"$best"
-    echo "| ${w}x${h} | $mode | PyTorch + diffusers | bf16 | $enc | $ref | $step | $dec | $wall (call $call) | $rss |"
+    if [ -n "$best" ]; then
+      read -r wall enc ref step dec call rss <<<"$best"
+      echo "| ${w}x${h} | $mode | PyTorch + diffusers | bf16 | $enc | $ref | $step | $dec | $wall (call $call) | $rss |"
+    fi
     for fp in $formats; do
       fmt=${fp%%:*}; prec=${fp#*:}
       dir=$(folder_of "$fmt")
