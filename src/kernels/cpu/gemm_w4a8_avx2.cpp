@@ -82,17 +82,6 @@ struct Madd4 {
     KW_STORE(0) KW_STORE(1) KW_STORE(2) KW_STORE(3)
 #undef KW_STORE
   }
-
-  static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t ng, const float* s, const float* o,
-                        const float* xs, int64_t ldxs, float* c, int64_t ldc, bool acc, int cols, const float* sx,
-                        const float* bias) {
-    switch (rows) {
-      case 4: tile<4>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-      case 3: tile<3>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-      case 2: tile<2>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-      default: tile<1>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    }
-  }
 };
 
 }  // namespace

@@ -86,19 +86,6 @@ __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b,
   KW_STORE(0) KW_STORE(1) KW_STORE(2) KW_STORE(3) KW_STORE(4) KW_STORE(5)
 #undef KW_STORE
 }
-
-static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t ng, const float* s, const float* o,
-               const float* xs, int64_t ldxs, float* c, int64_t ldc, bool acc, int cols, const float* sx,
-               const float* bias) {
-  switch (rows) {
-    case 6: tile<6>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    case 5: tile<5>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    case 4: tile<4>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    case 3: tile<3>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    case 2: tile<2>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-    default: tile<1>(a, b, ng, s, o, xs, ldxs, c, ldc, acc, cols, sx, bias); break;
-  }
-}
 };
 
 }  // namespace

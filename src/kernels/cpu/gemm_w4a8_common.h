@@ -7,7 +7,7 @@
 //   2. Per slab of columns and K slice of KG groups, the weight nibbles are unpacked to bytes
 //      0..15 straight into NR-column panels of 4-byte units (panel[q][j]), beside the panel's
 //      per-group scales and offsets (s, o [KG][NR], zero for padded columns).
-//   3. The micro-kernel (UK::tile_rows) sums, per group, int32 A_g = Σ q · w exactly, then folds
+//   3. The micro-kernel (UK::tile<rows>) sums, per group, int32 A_g = Σ q · w exactly, then folds
 //      it into float32 accumulators held in y: f = fma(float(A_g), s_g, f); f = fma(X_g, o_g, f);
 //      after the last slice y = fma(f, s_x, bias). Every kernel performs these float32 steps in
 //      this order per output, so all ISAs give the same bits (the tests hold them to the double
@@ -58,6 +58,14 @@ void pack_q4_panel(const Weight& W, int64_t n0, int nr, int64_t g0, int64_t ng, 
   }
 }
 
+// UK::tile<rows> for a run-time row count 1 ≤ rows ≤ R (the last sliver of M may be short).
+template <class UK, int R = UK::kMR, class... Args>
+void tile_rows(int rows, Args... args) {
+  if constexpr (R > 1)
+    if (rows < R) return tile_rows<UK, R - 1>(rows, args...);
+  UK::template tile<R>(args...);
+}
+
 // y[m0:m1, n0:n1] (m0 % MR == 0). qa: sliver-packed int8 units; sx: row scales; xs: [M][G].
 template <class UK>
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0, int64_t m1, int64_t K,
@@ -85,7 +93,7 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * NR;
           const float* s = sp + p * 2 * ng * NR;
-          UK::tile_rows(rows, qa + (m / MR) * KQ * MR + g0 * 16 * MR, bp + p * ng * 16 * NR, ng, s, s + ng * NR,
+          tile_rows<UK>(rows, qa + (m / MR) * KQ * MR + g0 * 16 * MR, bp + p * ng * 16 * NR, ng, s, s + ng * NR,
                         xs + m * G + g0, G, y + m * ldy + n, ldy, acc,
                         static_cast<int>(std::min<int64_t>(NR, ncn - p * NR)), last ? sx + m : nullptr,
                         last && bias ? bias + n : nullptr);

@@ -20,30 +20,31 @@ Weight bias_view(const Weight& W, const float* bias_f32) {
 }
 }  // namespace
 
+// Runs a ref:: linear on blocks of ≥ 16 rows of x (ref::linear expands each weight row once per
+// call, which that amortises; the quantizing references quantize rows independently, so the
+// split changes nothing).
+template <auto RefLinear>
+void row_blocks(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const Weight b = bias_view(W, bias_f32);
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    RefLinear(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
+  }, 16);
+}
+
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
             ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const Weight b = bias_view(W, bias_f32);
-  // ref::linear expands each weight row once per call: ≥ 16 rows of x per call amortise it.
-  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-    ref::linear(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
-  }, 16);
+  row_blocks<ref::linear>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const Weight b = bias_view(W, bias_f32);
-  // Rows are quantized independently, so splitting M changes nothing.
-  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-    ref::linear_w8a8(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
-  }, 16);
+  row_blocks<ref::linear_w8a8>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const Weight b = bias_view(W, bias_f32);
-  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
-    ref::linear_w4a8(x + m0 * ldx, m1 - m0, K, W, bias_f32 ? &b : nullptr, y + m0 * ldy, ldx, ldy);
-  }, 16);
+  row_blocks<ref::linear_w4a8>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
