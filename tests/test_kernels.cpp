@@ -377,6 +377,40 @@ TEST_P(Kernels, LinearW4A8ExtremesAreExact) {
   check_linear_fast(fast, DType::kQ4G64, M, N, K, true, 0, pool, rng, &W, &x);
 }
 
+// The SIMD W4A8 kernels promise the same float32 steps in the same order (gemm_w4a8_common.h),
+// so one q4 model gives the same bits on every CPU; the double reference cannot check that, so
+// the kernels of every ISA this CPU has are held to each other. Shapes cover edge rows and
+// columns, several K slices and a strided x / y.
+TEST(KernelsAcrossIsas, W4A8GivesTheSameBitsOnEveryIsa) {
+  std::vector<std::pair<std::string, kernels::KernelSet>> sets;
+  for (Isa isa : CpuFeatures::host().isas()) {
+    auto s = kernels::KernelSet::select(CpuFeatures::host(), isa, kernels::Precision::kFast);
+    const std::string name(s.get(kernels::Op::kLinear, DType::kQ4G64).name);
+    if (name.starts_with("gemm_w4a8") && std::none_of(sets.begin(), sets.end(), [&](auto& p) { return p.first == name; }))
+      sets.emplace_back(name, std::move(s));
+  }
+  if (sets.size() < 2) GTEST_SKIP() << "fewer than two SIMD W4A8 kernels on this CPU";
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  struct Shape3 { int64_t M, N, K, pad; };
+  for (const Shape3 c : {Shape3{1, 70, 64, 0}, Shape3{13, 35, 640, 3}, Shape3{40, 300, 1088, 0}, Shape3{300, 64, 3072, 1}}) {
+    const int64_t ldx = c.K + c.pad, ldy = c.N + c.pad;
+    const OwnedWeight W = random_weight(DType::kQ4G64, c.N, c.K, rng);
+    const auto x = random_vec(c.M * ldx, rng, -4, 4);
+    const auto B = make_weight(DType::kBF16, c.N, 0, random_vec(c.N, rng));
+    std::vector<float> y0(c.M * ldy, 7.0f);
+    kernels::run_linear(sets[0].second, x.data(), c.M, c.K, W.w, &B.w, y0.data(), pool, ldx, ldy);
+    for (size_t i = 1; i < sets.size(); ++i) {
+      std::vector<float> y(c.M * ldy, 7.0f);
+      kernels::run_linear(sets[i].second, x.data(), c.M, c.K, W.w, &B.w, y.data(), pool, ldx, ldy);
+      for (int64_t j = 0; j < c.M * ldy; ++j)
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[j]), std::bit_cast<uint32_t>(y0[j]))
+            << sets[i].first << " vs " << sets[0].first << " M=" << c.M << " N=" << c.N << " K=" << c.K
+            << " at " << j / ldy << "," << j % ldy << ": " << y[j] << " vs " << y0[j];
+    }
+  }
+}
+
 struct AttnCase {
   int64_t Sq, Sk;
   int Hq, Hkv, D;
