@@ -127,9 +127,11 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
     EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, gemm);
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, gemm);
-    // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16.
+    // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16 and its bf16 dot
+    // products out-run float32 FMA.
     const KernelSet fast = KernelSet::select(CpuFeatures::host(), Isa::kCount, kernels::Precision::kFast);
-    EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).fast, CpuFeatures::host().has(Isa::kAvx512Bf16));
+    EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).fast,
+              CpuFeatures::host().has(Isa::kAvx512Bf16) && !CpuFeatures::host().bf16_dot_slow);
     EXPECT_EQ(best.get(Op::kElementwise, DType::kF32).isa, gemm);  // AVX-512 where the CPU has it
     EXPECT_EQ(&best.eltwise(), best.get(Op::kElementwise, DType::kF32).eltwise);
     // An ISA with no kernels of its own falls back to the next lower one that has them.
@@ -168,7 +170,8 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
         const kernels::KernelEntry& f = fast.get(op, fmt);
         EXPECT_TRUE(cpu->has(f.isa));
         for (const kernels::KernelEntry& e : kernels::kernel_table())
-          if (e.op == op && e.format == fmt && cpu->has(e.isa) && static_cast<int>(e.isa) <= c) {
+          if (e.op == op && e.format == fmt && cpu->has(e.isa) && static_cast<int>(e.isa) <= c &&
+              !(cpu->bf16_dot_slow && c == static_cast<int>(Isa::kCount) && e.isa == Isa::kAvx512Bf16)) {
             if (e.fast) EXPECT_TRUE(f.fast) << f.name;
             if (e.fast == f.fast) EXPECT_LE(e.isa, f.isa) << e.name << " beats " << f.name;
           }
@@ -188,6 +191,23 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
             "gemm_int8_avx2");
   EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kLinear, DType::kBF16).name,
             "gemm_avx2");
+  // Where bf16 dot products are slower than float32 FMA (Intel), the automatic choice computes
+  // float formats, attention and convs in float32 and keeps the int8 kernels; naming the ISA
+  // still gets the bf16 kernels.
+  CpuFeatures intel = all;
+  intel.bf16_dot_slow = true;
+  const KernelSet f_intel = KernelSet::select(intel, Isa::kCount, kernels::Precision::kFast);
+  EXPECT_EQ(f_intel.get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
+  EXPECT_EQ(f_intel.get(Op::kLinear, DType::kF32).name, "gemm_avx512");
+  EXPECT_EQ(f_intel.get(Op::kConv2d, DType::kBF16).name, "conv2d_avx512");
+  EXPECT_EQ(f_intel.get(Op::kAttention, DType::kF32).name, "flash_attention_avx2");
+  EXPECT_EQ(f_intel.get(Op::kLinear, DType::kQ8Row).name, "gemm_int8_avx512vnni");
+  EXPECT_EQ(f_intel.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");
+  EXPECT_EQ(f_intel.max_isa(), Isa::kAvx512Bf16);
+  const KernelSet named = KernelSet::select(intel, Isa::kAvx512Bf16, kernels::Precision::kFast);
+  EXPECT_EQ(named.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
+  EXPECT_EQ(named.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_avx512bf16");
+  EXPECT_EQ(named.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_avx512bf16");
 #endif
   kernels::Precision p;
   EXPECT_TRUE(kernels::precision_from_name("fast", &p));

@@ -84,7 +84,8 @@ enum class BackendKind {
 struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores
   MemoryPolicy memory = MemoryPolicy::kLow;
-  std::string isa;                       // "": the best this CPU has; else a ceiling: "scalar", "avx2", ...
+  std::string isa;                       // "": the fastest kernels this CPU has; else a ceiling: "scalar", "avx2", ...
+                                         // ("avx512_bf16" also forces bf16 dot products where float32 is faster)
   // Seamless tiled VAE decoding/encoding (equal to the whole-image pass to float rounding, in a
   // fraction of the memory): the tile size in image pixels (a multiple of 8); 0: automatic —
   // 512-pixel tiles when the whole-image pass would need more than vae_tile_above_gib of

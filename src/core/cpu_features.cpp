@@ -52,6 +52,10 @@ CpuFeatures detect() {
     f.avx512vnni = bit(c7, 11);
     f.avx512bf16 = bit(a71, 5);
   }
+  unsigned max_leaf, vb, vc, vd;  // vendor string: ebx, edx, ecx of leaf 0
+  __cpuid(0, max_leaf, vb, vc, vd);
+  const bool intel = vb == 0x756e6547 && vd == 0x49656e69 && vc == 0x6c65746e;  // "Genu" "ineI" "ntel"
+  f.bf16_dot_slow = f.avx512bf16 && intel;
   return f;
 }
 #else

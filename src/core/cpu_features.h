@@ -30,6 +30,12 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avxvnni = false;
+  // vdpbf16ps yields fewer flops than float32 FMA on this CPU, so the default (automatic) kernel
+  // choice under --precision fast computes bf16 / float weights, attention and convs in float32
+  // instead (KernelSet::select). Set for Intel cores: measured on family 6 model 207 (2 × 512-bit
+  // FMA units), vdpbf16ps zmm 86 GFLOP/s per core against 176 for FMA zmm; AMD Zen 4 runs it at
+  // twice its FMA rate (467 vs 231 GFLOP/s on 2 cores). Intel's fast bf16 path is AMX instead.
+  bool bf16_dot_slow = false;
 
   // This CPU (cpuid, and the OS's xgetbv state for the wide registers). Cached.
   static const CpuFeatures& host();

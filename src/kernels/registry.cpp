@@ -118,8 +118,13 @@ KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision preci
   // a fast entry beats every exact one whatever their ISAs: the arithmetic (W8A8 for Q8_ROW) is
   // what the caller chose and what a reference reproduces bit for bit, so it must not depend on
   // whether the CPU has, say, AVX-512F but not VNNI; among fast entries the highest ISA wins.
+  // The automatic choice (no ceiling) also leaves out the bf16 dot-product kernels where they are
+  // slower than the float32 ones (CpuFeatures::bf16_dot_slow); naming their ISA as the ceiling
+  // still selects them, which is how the tests and `--isa avx512_bf16` reach them.
+  const bool skip_bf16_dot = max_isa == Isa::kCount && cpu.bf16_dot_slow;
   for (const KernelEntry& e : kernel_table()) {
     if (!cpu.has(e.isa) || e.isa > s.max_isa_) continue;
+    if (skip_bf16_dot && e.isa == Isa::kAvx512Bf16) continue;
     if (e.fast && precision != Precision::kFast) continue;
     const KernelEntry*& c = s.chosen_[static_cast<int>(e.op)][static_cast<int>(e.format)];
     if (!c || (e.fast && !c->fast) || (e.fast == c->fast && e.isa > c->isa)) c = &e;

@@ -59,7 +59,9 @@ std::span<const KernelEntry> kernel_table();
 // The chosen kernel per (op, format): the entry of the highest ISA that the CPU has and that is
 // ≤ max_isa, among the exact entries (kFp32), or under kFast among the fast entries when there is
 // one (their arithmetic is the caller's choice), else the exact ones. Every (op, format) the
-// engine computes has an exact kScalar entry, so selection never fails.
+// engine computes has an exact kScalar entry, so selection never fails. With no ceiling
+// (max_isa = kCount: "the best for this CPU") the AVX512_BF16 entries are left out where
+// CpuFeatures::bf16_dot_slow says float32 FMA is faster; an explicit ceiling keeps them.
 class KernelSet {
  public:
   static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount,

@@ -38,7 +38,7 @@ Command make_serve_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads of the engine (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
         ->check(CLI::IsMember({"low", "resident"}));
-    s->add_option("--isa", o->isa, "Highest instruction set for the kernels (default: the best)");
+    s->add_option("--isa", o->isa, "Highest instruction set for the kernels (default: the fastest kernels this CPU has)");
     s->add_option("--precision", o->precision, "fp32 (default, exact) or fast")->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_option("--vae-tile", o->vae_tile, "VAE tile size in pixels (default: automatic)")->check(CLI::Range(8, 8192));
