@@ -455,7 +455,8 @@ TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
 // A measurement on a full-size VAE, skipped unless KLEIN_FULL_VAE names its folder (e.g. the
 // random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
 // whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
-// both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS).
+// both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS),
+// or encode (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image instead).
 namespace klein {
 namespace {
 
@@ -481,6 +482,16 @@ TEST(Flux2VaeTiled, FullSizeMeasurement) {
                 static_cast<long long>(px), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return r;
   };
+  if (mode == "encode") {  // the encoder's mean path (reference images), untiled
+    Tensor img({1, 3, px, px});
+    for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::clamp(nd(rng) * 0.5f, -1.0f, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = vae->encode_mean(img, ctx, VaeTiling{.tile = -1});
+    std::printf("[ full vae ] encode %lldx%lld: %.2f s\n", static_cast<long long>(px), static_cast<long long>(px),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    return;
+  }
   Result<Tensor> whole = Tensor(), tiled = Tensor();
   if (mode != "tiled") whole = timed(VaeTiling{.tile = -1});
   if (mode != "whole") tiled = timed(VaeTiling{.tile = tile});
