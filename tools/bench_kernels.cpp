@@ -4,7 +4,7 @@
 // kernels on the VAE decoder's shapes, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
-//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...]
+//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...] [--only KERNEL]
 //
 // --isa caps the kernel selection (scalar, avx2, ...) to time a lower ISA's kernels on this CPU.
 #include <CLI/CLI.hpp>
@@ -213,6 +213,8 @@ int main(int argc, char** argv) {
   app.add_option("--m", ms, "token counts M of the GEMM shapes (default 256 1024 1536; --quick: 256)");
   std::string isa_arg;
   app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
+  std::string only;
+  app.add_option("--only", only, "time only the kernels whose name contains this (e.g. int8_avx512; the peaks always)");
   CLI11_PARSE(app, argc, argv);
 
   Isa max_isa = Isa::kCount;
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (quick) reps = std::min(reps, 2);
+  auto wanted = [&](std::string_view kernel) { return only.empty() || kernel.find(only) != std::string_view::npos; };
   const CpuFeatures& cpu = CpuFeatures::host();
   std::printf("cpu features: %s\n", cpu.flags().c_str());
   ThreadPool pool1(1), pool(threads);
@@ -311,7 +314,7 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * s.M * s.N * s.K;
     for (const Variant& v : variants) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
-      if (set.get(kernels::Op::kLinear, v.format).name != v.kernel) continue;
+      if (set.get(kernels::Op::kLinear, v.format).name != v.kernel || !wanted(v.kernel)) continue;
       W.dtype = v.format;
       W.data = v.format == DType::kQ8Row ? static_cast<const void*>(wq.data()) : wb.data();  // Q4: any bytes
       W.scales = v.format == DType::kQ8Row ? static_cast<const void*>(ws.data())
@@ -354,7 +357,7 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * cs.C * cs.C * 9 * cs.H * cs.H;
     for (const Variant& v : conv_variants) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
-      if (set.get(kernels::Op::kConv2d, v.format).name != v.kernel) continue;
+      if (set.get(kernels::Op::kConv2d, v.format).name != v.kernel || !wanted(v.kernel)) continue;
       const Time t = time_best(reps, [&] {
         kernels::run_conv2d(set, x.data(), 1, cs.C, cs.H, cs.H, W, nullptr, y.data(), p, pool);
       });
@@ -372,7 +375,7 @@ int main(int argc, char** argv) {
   for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
     const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa, prec);
     const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
-    if (prec == kernels::Precision::kFast && !e.fast) continue;
+    if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name)) continue;
     const int attn_peak = e.fast ? kBf16 : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
     for (bool causal : {false, true}) {
       const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
