@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
@@ -177,6 +179,27 @@ TEST(Cli, InfoDescribesComponents) {
   for (const char* s : {"Flux2KleinPipeline", "Qwen3ForCausalLM", "Flux2Transformer2DModel", "AutoencoderKLFlux2",
                         "hidden_size=16", "num_hidden_layers=30", "BF16", "parameters"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(Cli, PhaseTimesListEachPhaseOnce) {
+  // Editing nests the VAE's "vae_encode" steps inside the pipeline's per-reference "vae encode":
+  // the summary must still name each phase once (it listed "vae encode" before and after).
+  auto dir = klein::testing::make_temp_dir("cli_phases");
+  const std::string ref = (klein::testing::tiny_model_dir().parent_path() / "ref" / "edit1_auto" / "ref0.png").string();
+  auto r = run_cli("generate --model " + model() + " -p 'a red fox' -W 32 -H 32 --steps 2 -t 2 --ref '" + ref +
+                   "' -o '" + (dir / "e.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, int> seen;
+  std::istringstream in(r.err);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("  ", 0) == 0 && line.size() > 2 && line.back() == 's') {  // "  phase   1.23 s"
+      const std::string name = line.substr(2, line.find_last_not_of(" 0123456789.s") - 1);
+      ++seen[name];
+    }
+  for (const char* want : {"encode", "vae encode", "vae_encode", "denoise", "decode", "total"})
+    EXPECT_EQ(seen[want], 1) << want << " in:\n" << r.err;
+  for (const auto& [name, n] : seen) EXPECT_EQ(n, 1) << name;
+  fs::remove_all(dir);
 }
 
 TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {

@@ -15,8 +15,7 @@ std::function<void(const std::string&, int, int)> Progress::callback() {
 void Progress::update(const std::string& phase, int done, int total) {
   const auto now = std::chrono::steady_clock::now();
   if (phase != phase_) {
-    if (!phase_.empty())
-      times_.emplace_back(phase_, std::chrono::duration<double>(now - phase_start_).count());
+    if (!phase_.empty()) add_time(phase_, std::chrono::duration<double>(now - phase_start_).count());
     if (line_open_ && !quiet_) std::fputc('\n', stderr);
     line_open_ = false;
     phase_ = phase;
@@ -37,9 +36,20 @@ void Progress::update(const std::string& phase, int done, int total) {
   }
 }
 
+// A phase re-entered (the pipeline's per-reference "vae encode" around the VAE's own
+// "vae_encode" steps) adds to its first entry rather than being listed again.
+void Progress::add_time(const std::string& phase, double sec) {
+  for (auto& [name, t] : times_)
+    if (name == phase) {
+      t += sec;
+      return;
+    }
+  times_.emplace_back(phase, sec);
+}
+
 void Progress::finish() {
   const auto now = std::chrono::steady_clock::now();
-  if (!phase_.empty()) times_.emplace_back(phase_, std::chrono::duration<double>(now - phase_start_).count());
+  if (!phase_.empty()) add_time(phase_, std::chrono::duration<double>(now - phase_start_).count());
   phase_.clear();
   if (line_open_ && !quiet_) std::fputc('\n', stderr);
   line_open_ = false;

@@ -21,6 +21,7 @@ class Progress {
 
  private:
   void update(const std::string& phase, int done, int total);
+  void add_time(const std::string& phase, double sec);
   bool quiet_, tty_;
   std::string phase_;
   std::chrono::steady_clock::time_point phase_start_, start_;
