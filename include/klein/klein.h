@@ -65,9 +65,10 @@ enum class Precision {
   kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default);
           // on CUDA float32 cuBLASLt GEMMs (no TF32) on weights dequantised to f32 at upload
   kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
-          // (activations rounded to bf16) with AVX512_BF16, int8 W8A8 for Q8_ROW weights and
-          // W4A8 for Q4_G64 (AVX512_VNNI; activations quantized per token); float32 where the
-          // CPU has neither. On CUDA: bf16 GEMMs with float32 accumulation (weights uploaded as
+          // (activations rounded to bf16) with AVX512_BF16 where they out-run float32 FMA (not
+          // on Intel cores, unless isa = "avx512_bf16"), int8 W8A8 for Q8_ROW weights and W4A8
+          // for Q4_G64 (AVX512_VNNI or AVX2; activations quantized per token); float32 otherwise.
+          // On CUDA: bf16 GEMMs with float32 accumulation (weights uploaded as
           // bf16, quantized ones dequantised to bf16 at upload)
 };
 

@@ -76,7 +76,7 @@ Command make_generate_command() {
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
                   "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
-                  "kernels (bf16 GEMMs, convolutions and attention where the CPU has AVX512_BF16; int8 W8A8 for "
+                  "kernels (bf16 GEMMs, convolutions and attention where the CPU has AVX512_BF16 and they beat float32 (not Intel); int8 W8A8 for "
                   "Q8_ROW weights, W4A8 for Q4_G64), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
