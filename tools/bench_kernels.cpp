@@ -372,8 +372,11 @@ int main(int argc, char** argv) {
   std::vector<float> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D);
   for (auto* buf : {&q, &k, &v})
     for (auto& e : *buf) e = dist(rng);
+  // An explicit ceiling (the highest ISA when --isa is not given), so that the bf16 kernel is
+  // timed also where the automatic choice skips it (CpuFeatures::bf16_dot_slow).
+  const Isa attn_ceiling = max_isa == Isa::kCount ? Isa::kAvx512Bf16 : max_isa;
   for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
-    const kernels::KernelSet set = kernels::KernelSet::select(cpu, max_isa, prec);
+    const kernels::KernelSet set = kernels::KernelSet::select(cpu, attn_ceiling, prec);
     const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
     if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name)) continue;
     const int attn_peak = e.fast ? kBf16 : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
