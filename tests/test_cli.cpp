@@ -192,9 +192,9 @@ TEST(Cli, PhaseTimesListEachPhaseOnce) {
   std::map<std::string, int> seen;
   std::istringstream in(r.err);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("  ", 0) == 0 && line.size() > 2 && line.back() == 's') {  // "  phase   1.23 s"
-      const std::string name = line.substr(2, line.find_last_not_of(" 0123456789.s") - 1);
-      ++seen[name];
+    if (line.size() > 4 && line.rfind("  ", 0) == 0 && line.ends_with(" s")) {  // "  vae encode   1.23 s"
+      const std::string head = line.substr(2, line.rfind(' ', line.size() - 3) - 2);  // drops " 1.23 s"
+      ++seen[head.substr(0, head.find_last_not_of(' ') + 1)];
     }
   for (const char* want : {"encode", "vae encode", "vae_encode", "denoise", "decode", "total"})
     EXPECT_EQ(seen[want], 1) << want << " in:\n" << r.err;

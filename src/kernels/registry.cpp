@@ -108,6 +108,8 @@ bool precision_from_name(std::string_view s, Precision* out) {
   return true;
 }
 
+bool skips_bf16_dot(const CpuFeatures& cpu, Isa max_isa) { return max_isa == Isa::kCount && cpu.bf16_dot_slow; }
+
 KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision precision) {
   KernelSet s;
   s.precision_ = precision;
@@ -118,10 +120,7 @@ KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision preci
   // a fast entry beats every exact one whatever their ISAs: the arithmetic (W8A8 for Q8_ROW) is
   // what the caller chose and what a reference reproduces bit for bit, so it must not depend on
   // whether the CPU has, say, AVX-512F but not VNNI; among fast entries the highest ISA wins.
-  // The automatic choice (no ceiling) also leaves out the bf16 dot-product kernels where they are
-  // slower than the float32 ones (CpuFeatures::bf16_dot_slow); naming their ISA as the ceiling
-  // still selects them, which is how the tests and `--isa avx512_bf16` reach them.
-  const bool skip_bf16_dot = max_isa == Isa::kCount && cpu.bf16_dot_slow;
+  const bool skip_bf16_dot = skips_bf16_dot(cpu, max_isa);
   for (const KernelEntry& e : kernel_table()) {
     if (!cpu.has(e.isa) || e.isa > s.max_isa_) continue;
     if (skip_bf16_dot && e.isa == Isa::kAvx512Bf16) continue;

@@ -56,12 +56,16 @@ struct KernelEntry {
 // Every kernel compiled into this build.
 std::span<const KernelEntry> kernel_table();
 
+// Whether selection under this ceiling leaves out the AVX512_BF16 entries: only the automatic
+// choice (max_isa = kCount) does, and only where CpuFeatures::bf16_dot_slow says float32 FMA
+// is faster; an explicit ceiling (`--isa avx512_bf16`, the tests) keeps them.
+bool skips_bf16_dot(const CpuFeatures& cpu, Isa max_isa);
+
 // The chosen kernel per (op, format): the entry of the highest ISA that the CPU has and that is
 // ≤ max_isa, among the exact entries (kFp32), or under kFast among the fast entries when there is
 // one (their arithmetic is the caller's choice), else the exact ones. Every (op, format) the
-// engine computes has an exact kScalar entry, so selection never fails. With no ceiling
-// (max_isa = kCount: "the best for this CPU") the AVX512_BF16 entries are left out where
-// CpuFeatures::bf16_dot_slow says float32 FMA is faster; an explicit ceiling keeps them.
+// engine computes has an exact kScalar entry, so selection never fails. The AVX512_BF16
+// entries are left out where skips_bf16_dot says so.
 class KernelSet {
  public:
   static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount,
