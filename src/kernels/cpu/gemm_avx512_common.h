@@ -139,12 +139,30 @@ void zukernel_taps_rows(int rows, const typename Op::A* a, int64_t lda, const ui
   }
 }
 
+// r[i] ← column i of the 16×16 matrix of 32-bit lanes whose row i is r[i], in four vpermt2d
+// stages: at scale s, rows i and i + s swap their off-diagonal s-lane blocks.
+inline void transpose16x16_epi32(__m512i r[16]) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int sc = 8; sc >= 1; sc /= 2) {
+    const __m512i hi = _mm512_and_si512(lane, _mm512_set1_epi32(sc));  // lanes with bit sc set
+    const __mmask16 up = _mm512_test_epi32_mask(hi, hi);
+    // top: l < s in block → r_i[l], else r_j[l − s]; bottom: l < s → r_i[l + s], else r_j[l].
+    const __m512i it = _mm512_mask_add_epi32(lane, up, lane, _mm512_set1_epi32(16 - sc));
+    const __m512i ib = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(sc)), up, lane,
+                                             _mm512_set1_epi32(16));
+    for (int i = 0; i < 16; ++i) {
+      if (i & sc) continue;
+      const __m512i a = r[i], b = r[i + sc];
+      r[i] = _mm512_permutex2var_epi32(a, it, b);
+      r[i + sc] = _mm512_permutex2var_epi32(a, ib, b);
+    }
+  }
+}
+
 // pack_units<32> (gemm_units.h) with zmm transposes: dst[q·32 + j] = unit q0 + q of row j (zero
-// for j ≥ nr). 16 rows × 16 units at a time: 16 row loads, a 16×16 transpose of 32-bit lanes in
-// four vpermt2d stages (at scale s, rows i and i + s swap their off-diagonal s-lane blocks), 16
+// for j ≥ nr). 16 rows × 16 units at a time: 16 row loads, transpose16x16_epi32 (above), 16
 // stores — a scalar load and store per unit was ~9 % of a DiT step.
 inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
-  static const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int j0 = 0; j0 < kZNR; j0 += 16)
     for (int64_t q = 0; q < nq; q += 16) {
       const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
@@ -152,20 +170,7 @@ inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = j0 + i < nr ? _mm512_maskz_loadu_epi32(um, src + (j0 + i) * ld + (q0 + q) * 4) : _mm512_setzero_si512();
-      for (int sc = 8; sc >= 1; sc /= 2) {
-        const __m512i hi = _mm512_and_si512(lane, _mm512_set1_epi32(sc));  // lanes with bit sc set
-        const __mmask16 up = _mm512_test_epi32_mask(hi, hi);
-        // top: l < s in block → r_i[l], else r_j[l − s]; bottom: l < s → r_i[l + s], else r_j[l].
-        const __m512i it = _mm512_mask_add_epi32(lane, up, lane, _mm512_set1_epi32(16 - sc));
-        const __m512i ib = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(sc)), up, lane,
-                                                 _mm512_set1_epi32(16));
-        for (int i = 0; i < 16; ++i) {
-          if (i & sc) continue;
-          const __m512i a = r[i], b = r[i + sc];
-          r[i] = _mm512_permutex2var_epi32(a, it, b);
-          r[i + sc] = _mm512_permutex2var_epi32(a, ib, b);
-        }
-      }
+      transpose16x16_epi32(r);
       for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
     }
 }

@@ -1,84 +1,125 @@
-// AVX512_VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast): vpdpbusd on zmm, 12×32 int32
-// tiles (24 accumulators + 2 panel vectors + 1 broadcast of the 32 registers; the macros go to
-// 14 rows: 14×32 measured the same within the noise of a shared machine, 66-75 % vs 67-80 % of
-// the vpdpbusd peak, so the smaller tile that leaves the compiler registers). The driver,
-// quantization and exact rescale are gemm_int8_common.h's; activations are u8 = q + 128.
+// AVX512_VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast), on gemm_int8_direct.h's driver:
+// the weights are read in place, the tile is yᵀ. A tile is 32 rows × 12 columns: per 4-byte unit
+// of K, two zmm of activations (32 rows) and 12 broadcast weight units, 24 vpdpbusd into 24
+// accumulators (+ 2 activation vectors + 1 broadcast = 27 of the 32 registers); 14 loads per 24
+// vpdpbusd, within the two-per-cycle load ports. The epilogue rescales each column's two vectors
+// exactly as ref::linear_w8a8 and transposes them into rows of y.
 #include "kernels/cpu/gemm_avx512_common.h"
-#include "kernels/cpu/gemm_int8_common.h"
+#include "kernels/cpu/gemm_int8_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace klein::kernels::avx512vnni {
 namespace {
 
 struct Vnni512 {
-  static constexpr int kMR = 12, kNR = 32;
-  static constexpr bool kShift = true;
+  static constexpr int kMR = 32, kNC = 12;
+  // Activation units are prefetched into L1 this many units ahead: the 96 KB block streams from
+  // L2 and its loads were the tile's main stall (perf); 8 units gained ~3 %, 16 or 32 ~4 %.
+  static constexpr int kAPf = 16;
 
-  // Panels by zmm transposes (gemm_avx512_common.h), not a scalar move per unit.
-  static void pack(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
-    pack_units_z(src, ld, nr, q0, nq, dst);
-  }
-
-  // sum[j] += Σ_q Σ_i panel[q][j].byte[i] for the NR columns: vpdpbusd with all-ones u8.
-  static void colsum(const uint32_t* panel, int64_t nq, int32_t* sum) {
+  // Σ of the n int8 (n a multiple of 4): vpdpbusd with all-ones u8, four chains (one chain was
+  // bound by vpdpbusd's latency: ~6 % of a GEMM at M = 256).
+  static int32_t rowsum(const uint8_t* w, int64_t n) {
     const __m512i ones = _mm512_set1_epi8(1);
-    __m512i s0 = _mm512_loadu_si512(sum), s1 = _mm512_loadu_si512(sum + 16);
-    for (int64_t q = 0; q < nq; ++q) {
-      s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(panel + q * kNR));
-      s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(panel + q * kNR + 16));
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t k = 0;
+    for (; k + 256 <= n; k += 256) {
+      s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(w + k));
+      s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_loadu_si512(w + k + 64));
+      s2 = _mm512_dpbusd_epi32(s2, ones, _mm512_loadu_si512(w + k + 128));
+      s3 = _mm512_dpbusd_epi32(s3, ones, _mm512_loadu_si512(w + k + 192));
     }
-    _mm512_storeu_si512(sum, s0);
-    _mm512_storeu_si512(sum + 16, s1);
+    for (; k + 64 <= n; k += 64) s0 = _mm512_dpbusd_epi32(s0, ones, _mm512_loadu_si512(w + k));
+    if (k < n) s1 = _mm512_dpbusd_epi32(s1, ones, _mm512_maskz_loadu_epi8((~0ULL) >> (64 - (n - k)), w + k));
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)));
   }
 
-  // c[R×32] (+)= Σ_q a[q][r] · panel[q] over nq units (a: the sliver-packed activations).
+  // qa[q][j] = unit q of row j of the rows' bytes (ld apart), for j < rows; 0 above.
+  static void pack_rows(const uint8_t* rows_, int64_t ld, int rows, int64_t nq, uint32_t* qa) {
+    pack_units_z(rows_, ld, rows, 0, nq, qa);
+  }
+
+  // y[rows × NC] for 32 packed activation rows a[nq][32] and the weight rows w + j·ldw;
+  // pf->step() once per 16 units (the driver's prefetch of the next columns' rows).
   // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
-  template <int R>
-  __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
-#define KLEIN_V_DECL(r)                                                                        \
-  __m512i c##r##_0 = _mm512_setzero_si512(), c##r##_1 = _mm512_setzero_si512();                \
-  if (R > r && acc) {                                                                          \
-    c##r##_0 = _mm512_loadu_si512(c + r * ldc);                                                \
-    c##r##_1 = _mm512_loadu_si512(c + r * ldc + 16);                                           \
-  }
-    KLEIN_V_DECL(0) KLEIN_V_DECL(1) KLEIN_V_DECL(2) KLEIN_V_DECL(3) KLEIN_V_DECL(4) KLEIN_V_DECL(5) KLEIN_V_DECL(6)
-    KLEIN_V_DECL(7) KLEIN_V_DECL(8) KLEIN_V_DECL(9) KLEIN_V_DECL(10) KLEIN_V_DECL(11) KLEIN_V_DECL(12)
-    KLEIN_V_DECL(13)
+  template <int NC>
+  __attribute__((noinline)) static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq,
+                                             SlicePrefetch* pf, const int32_t* corr, const float* sx, const float* sw,
+                                             const float* bias, float* y, int64_t ldy, int rows) {
+    // Four row pointers and the strides 1·ldw, 2·ldw reach the 12 rows by addressing modes.
+    const uint8_t* w0 = w;
+    const uint8_t* w3 = w + 3 * ldw;
+    const uint8_t* w6 = w + 6 * ldw;
+    const uint8_t* w9 = w + 9 * ldw;
+    const int64_t l2 = 2 * ldw;
+#define KLEIN_V_DECL(j) __m512i c##j##_0 = _mm512_setzero_si512(), c##j##_1 = _mm512_setzero_si512();
+    KLEIN_V_DECL(0) KLEIN_V_DECL(1) KLEIN_V_DECL(2) KLEIN_V_DECL(3) KLEIN_V_DECL(4) KLEIN_V_DECL(5)
+    KLEIN_V_DECL(6) KLEIN_V_DECL(7) KLEIN_V_DECL(8) KLEIN_V_DECL(9) KLEIN_V_DECL(10) KLEIN_V_DECL(11)
 #undef KLEIN_V_DECL
-#define KLEIN_V_ROW(r)                                          \
-  if constexpr (R > r) {                                        \
-    const __m512i av = _mm512_set1_epi32(static_cast<int>(a[q * kMR + r]));                    \
-    c##r##_0 = _mm512_dpbusd_epi32(c##r##_0, av, b0);           \
-    c##r##_1 = _mm512_dpbusd_epi32(c##r##_1, av, b1);           \
+#define KLEIN_V_COL(j, p, off)                                      \
+  if constexpr (NC > j) {                                           \
+    int32_t u;                                                      \
+    std::memcpy(&u, p + off, 4);                                    \
+    const __m512i bv = _mm512_set1_epi32(u);                        \
+    c##j##_0 = _mm512_dpbusd_epi32(c##j##_0, a0, bv);               \
+    c##j##_1 = _mm512_dpbusd_epi32(c##j##_1, a1, bv);               \
   }
-    for (int64_t q = 0; q < nq; ++q) {
-      const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);
-      KLEIN_V_ROW(0) KLEIN_V_ROW(1) KLEIN_V_ROW(2) KLEIN_V_ROW(3) KLEIN_V_ROW(4) KLEIN_V_ROW(5) KLEIN_V_ROW(6)
-      KLEIN_V_ROW(7) KLEIN_V_ROW(8) KLEIN_V_ROW(9) KLEIN_V_ROW(10) KLEIN_V_ROW(11) KLEIN_V_ROW(12) KLEIN_V_ROW(13)
-      b += kNR;
+    auto step = [&] {
+      _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR + 16), _MM_HINT_T0);
+      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 16);
+      KLEIN_V_COL(0, w0, 0) KLEIN_V_COL(1, w0, ldw) KLEIN_V_COL(2, w0, l2)
+      KLEIN_V_COL(3, w3, 0) KLEIN_V_COL(4, w3, ldw) KLEIN_V_COL(5, w3, l2)
+      KLEIN_V_COL(6, w6, 0) KLEIN_V_COL(7, w6, ldw) KLEIN_V_COL(8, w6, l2)
+      KLEIN_V_COL(9, w9, 0) KLEIN_V_COL(10, w9, ldw) KLEIN_V_COL(11, w9, l2)
+      a += kMR;
+      w0 += 4, w3 += 4, w6 += 4, w9 += 4;
+    };
+    // Lines of 16 units; the prefetches go once per line, outside the inner loop.
+    int64_t q = 0;
+    for (; q + 16 <= nq; q += 16) {
+      pf->step();
+      for (int i = 0; i < 16; ++i) step();
     }
-#undef KLEIN_V_ROW
-#define KLEIN_V_STORE(r)                                \
-  if constexpr (R > r) {                                \
-    _mm512_storeu_si512(c + r * ldc, c##r##_0);         \
-    _mm512_storeu_si512(c + r * ldc + 16, c##r##_1);    \
-  }
-    KLEIN_V_STORE(0) KLEIN_V_STORE(1) KLEIN_V_STORE(2) KLEIN_V_STORE(3) KLEIN_V_STORE(4) KLEIN_V_STORE(5)
-    KLEIN_V_STORE(6) KLEIN_V_STORE(7) KLEIN_V_STORE(8) KLEIN_V_STORE(9) KLEIN_V_STORE(10) KLEIN_V_STORE(11)
-    KLEIN_V_STORE(12) KLEIN_V_STORE(13)
-#undef KLEIN_V_STORE
+    for (; q < nq; ++q) step();
+#undef KLEIN_V_COL
+    // Rescale column by column (lanes = rows), then transpose 16 rows at a time into y.
+    __m512i r[2][16];
+#define KLEIN_V_OUT(j) \
+  r[0][j] = NC > j ? c##j##_0 : _mm512_setzero_si512(); r[1][j] = NC > j ? c##j##_1 : _mm512_setzero_si512();
+    KLEIN_V_OUT(0) KLEIN_V_OUT(1) KLEIN_V_OUT(2) KLEIN_V_OUT(3) KLEIN_V_OUT(4) KLEIN_V_OUT(5)
+    KLEIN_V_OUT(6) KLEIN_V_OUT(7) KLEIN_V_OUT(8) KLEIN_V_OUT(9) KLEIN_V_OUT(10) KLEIN_V_OUT(11)
+#undef KLEIN_V_OUT
+    const __mmask16 cm = col_mask(NC);
+    for (int h = 0; h < 2 && h * 16 < rows; ++h) {
+      const __m512 vs = _mm512_loadu_ps(sx + h * 16);
+      for (int j = 0; j < 16; ++j) {
+        if (j >= NC) {
+          r[h][j] = _mm512_setzero_si512();
+          continue;
+        }
+        const __m512i k = _mm512_set1_epi32(corr[j] * 128);
+        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(r[h][j], k)), vs);
+        __m512 v = _mm512_mul_ps(t, _mm512_set1_ps(sw[j]));
+        v = _mm512_add_ps(v, _mm512_set1_ps(bias ? bias[j] : 0.0f));
+        r[h][j] = _mm512_castps_si512(v);
+      }
+      transpose16x16_epi32(r[h]);
+      const int n = std::min(16, rows - h * 16);
+      for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy, cm, _mm512_castsi512_ps(r[h][i]));
+    }
   }
 
-  static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c,
-                        int64_t ldc, bool acc) {
-    switch (rows) {
+  static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,
+                        const int32_t* corr,
+                        const float* sx, const float* sw, const float* bias, float* y, int64_t ldy, int rows) {
+    switch (nc) {
 #define KLEIN_V_CASE(n) \
-  case n: tile<n>(a, b, nq, c, ldc, acc); break;
-      KLEIN_V_CASE(14) KLEIN_V_CASE(13) KLEIN_V_CASE(12) KLEIN_V_CASE(11) KLEIN_V_CASE(10) KLEIN_V_CASE(9)
-      KLEIN_V_CASE(8) KLEIN_V_CASE(7) KLEIN_V_CASE(6) KLEIN_V_CASE(5) KLEIN_V_CASE(4) KLEIN_V_CASE(3)
-      KLEIN_V_CASE(2)
+  case n: tile<n>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
+      KLEIN_V_CASE(12) KLEIN_V_CASE(11) KLEIN_V_CASE(10) KLEIN_V_CASE(9) KLEIN_V_CASE(8) KLEIN_V_CASE(7)
+      KLEIN_V_CASE(6) KLEIN_V_CASE(5) KLEIN_V_CASE(4) KLEIN_V_CASE(3) KLEIN_V_CASE(2)
 #undef KLEIN_V_CASE
-      default: tile<1>(a, b, nq, c, ldc, acc); break;
+      default: tile<1>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
     }
   }
 };
@@ -87,7 +128,7 @@ struct Vnni512 {
 
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  int8_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  int8_direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avx512vnni

@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "core/thread_pool.h"
 #include "kernels/scratch.h"
 
@@ -93,6 +95,15 @@ struct SlicePrefetch {
     }
   }
 };
+
+// This core's L2 in bytes as the OS reports it (cpuid through glibc); 1 MB where unknown.
+inline int64_t l2_cache_bytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (b > 0) return b;
+#endif
+  return int64_t{1} << 20;
+}
 
 // Runs block(m0, m1, n0, n1) over a partition of the [M, N] output among the pool's threads, as
 // the AVX2 GEMM does: N slabs (≤ nc wide, multiples of nr) handed out dynamically, so each slab
