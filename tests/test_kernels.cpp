@@ -358,6 +358,31 @@ TEST_P(Kernels, LinearW8A8ExtremesAreExact) {
   check_linear_fast(fast, DType::kQ8Row, M, N, K, true, 0, pool, rng, &W, &x);
 }
 
+TEST_P(Kernels, LinearW8A8QuantizesNearTiesExactly) {
+  // Activations whose quotients x / s lie at and beside q + 0.5 (the rounding boundary of q =
+  // rne(x / s)), at several magnitudes: a kernel that forms x / s any other way than as the
+  // float32 quotient (e.g. x · (1 / s) in float) rounds some of them the other way.
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  const int64_t K = 640, N = 37;
+  const float amaxes[] = {1.0f, 3.7f, 0.013f, 1e-30f, 2.5e30f, 127.0f, 1e-3f};
+  const int64_t M = std::size(amaxes);
+  std::vector<float> x(M * K);
+  for (int64_t m = 0; m < M; ++m) {
+    const float amax = amaxes[m], s = amax / 127.0f;
+    float* row = x.data() + m * K;
+    row[0] = amax;
+    for (int64_t k = 1; k < K; ++k) {
+      const int j = static_cast<int>(rng() % 254) - 127;  // q + 0.5 for q in [-127, 126]
+      float v = (static_cast<float>(j) + 0.5f) * s;
+      for (int step = static_cast<int>(k % 5) - 2; step != 0; step += step > 0 ? -1 : 1)
+        v = std::nextafter(v, step > 0 ? INFINITY : -INFINITY);
+      row[k] = std::clamp(v, -amax, amax);
+    }
+  }
+  check_linear_fast(fast, DType::kQ8Row, M, N, K, true, 0, pool, rng, nullptr, &x);
+}
+
 TEST_P(Kernels, LinearW4A8ExtremesAreExact) {
   // The AVX2 kernel adds 8 vpmaddubsw pairs in int16 before widening: with nibbles 15 and
   // |q| = 127 a pair is 3810 and the chain 30480, just inside int16 (a 9th would wrap). Rows of

@@ -21,7 +21,8 @@
 //      y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n], each step rounded to float32 as in
 //      ref::linear_w8a8 (bit for bit; these files are compiled with -ffp-contract=off).
 //
-// UK supplies kMR, kNC, rowsum(w, K) → Σ of K int8, pack_rows(rows, ld, n, KQ, qa) (units of n
+// UK supplies kMR, kNC, quantize_row(x, K, Kp, q, &s) (ref::quantize_row_int8 into u8 = q + 128),
+// rowsum(w, K) → Σ of K int8, pack_rows(rows, ld, n, KQ, qa) (units of n
 // rows, zero above), and
 // tile_cols(nc, a, w, ldw, nq, corr, sx, sw, bias, y, ldy, rows).
 //
@@ -104,7 +105,7 @@ void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, c
     uint8_t* rows = rows_buf.get<uint8_t>(MR * Kp);
     for (int64_t b = b0; b < b1; ++b) {
       const int n = static_cast<int>(std::min<int64_t>(MR, M - b * MR));
-      for (int r = 0; r < n; ++r) quantize_row_avx2(x + (b * MR + r) * ldx, K, Kp, 0x80, rows + r * Kp, &sx[b * MR + r]);
+      for (int r = 0; r < n; ++r) UK::quantize_row(x + (b * MR + r) * ldx, K, Kp, rows + r * Kp, &sx[b * MR + r]);
       for (int r = n; r < MR; ++r) sx[b * MR + r] = 0.0f;
       UK::pack_rows(rows, Kp, n, KQ, qa + b * KQ * MR);
     }
