@@ -329,6 +329,9 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   ThreadPool pool(2), pool1(1);
   check_linear_fast(fast, DType::kQ8Row, 45, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ8Row, 200, 40, 1030, false, 3, pool, rng);
+  // The AVX512_VNNI kernel's row superblocks (L2 / 2 of packed activations: 96 rows at K = 9216
+  // with a 2 MB L2, so 96 + 96 + 8 here) and its slabs of columns (48 at that K).
+  check_linear_fast(fast, DType::kQ8Row, 200, 150, 9216, true, 1, pool, rng);
   check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
   check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);

@@ -9,15 +9,15 @@
 // once per call) and it broadcasts one 4-byte unit of a weight row — 4 consecutive k of one
 // output column, which is how [N, K] row-major int8 weights already lie in memory. vpdpbusd
 // wants the broadcast operand signed and the vector one unsigned, so activations are stored as
-// u8 = q + 128 and corr[n] = 128 · Σ_k W[n, k] is subtracted, summed per tile column from the
-// same rows (that pass also brings them into cache ahead of the tile).
+// u8 = q + 128 and corr[n] = 128 · Σ_k W[n, k] is subtracted, summed per slab from the same
+// rows (that pass also brings them into L1/L2 ahead of the tiles).
 //
 //   1. x is quantized per row exactly as ref::quantize_row_int8, into blocks of MR rows stored
 //      [M / MR][KQ][MR] 4-byte units (Kp = K rounded up to 4, zero padded; pad rows hold 0).
 //   2. Rows are processed in superblocks whose packed activations fit in L2 (int8_direct_a_bytes),
-//      one pool.run each; within a superblock the threads take slabs of columns.
-//   3. Per NC columns: corr and the weight scales; then for each MR-row block the micro-kernel
-//      sums the MR × NC int32 tile over the whole K in registers and stores
+//      one pool.run each; within a superblock the threads take work items of a few slabs.
+//   3. Per slab of columns: corr and the weight scales; then for each MR-row block, across the
+//      slab, the micro-kernel sums the MR × NC int32 tile over the whole K in registers and stores
 //      y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n], each step rounded to float32 as in
 //      ref::linear_w8a8 (bit for bit; these files are compiled with -ffp-contract=off).
 //
@@ -41,49 +41,64 @@
 namespace klein::kernels {
 namespace {
 
-// Packed activation bytes per superblock: 3/4 of this core's L2, so that the weight rows of the
-// tile columns and y fit beside them (every row of W is re-read once per superblock). Measured
-// on a Xeon with 2 MB of L2, M = 1024, 2 threads: 1.5 MB 5-10 % faster than 1 MB or 0.5 MB, and
-// than no superblocks (A streamed from L3).
+// This core's L2 is shared out as: half for the packed activations of a superblock of rows, a
+// quarter for the weight rows of a slab of columns (every row of W is read once per superblock,
+// the superblock's activations once per slab), the rest for y and the prefetched next slab.
+// Measured on a Xeon with 2 MB of L2 (M = 1024, 1 thread): 5-6 % faster than activations in 3/4
+// with 12-column slabs; and activations in 1/2 or 3/4 both beat 1/4 or no superblocks (A from
+// L3) by 5-10 %.
 inline int64_t int8_direct_a_bytes() {
-  static const int64_t bytes = l2_cache_bytes() * 3 / 4;
+  static const int64_t bytes = l2_cache_bytes() / 2;
   return bytes;
 }
-constexpr int64_t kI8DirectNC = 96;  // columns per thread work item (a multiple of every kNC)
+inline int64_t int8_direct_slab_bytes() {
+  static const int64_t bytes = l2_cache_bytes() / 4;
+  return bytes;
+}
+constexpr int64_t kI8DirectSlab = 96;   // most columns per slab (a multiple of every kNC)
+constexpr int64_t kI8DirectItem = 384;  // columns per thread work item: a few slabs, so that each
+                                        // slab but the first is prefetched by the one before
 
+// y[m0:m1, n0:n1] (m0 % MR == 0) in slabs of columns: per slab the row sums and weight scales,
+// then each MR-row block runs across the slab's tiles — the slab's rows stay in L2 and each row
+// segment of y is written whole by consecutive tiles (tiles down a column instead, each writing
+// 48 B of a y line, measured 5-10 % slower at K = 3072 and the same at K = 9216).
 template <class UK>
 void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, int64_t m1, int64_t K,
-                       const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+                        const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int MR = UK::kMR, NC = UK::kNC;
   const int64_t Kp = KQ * 4;
+  const int64_t SL = std::clamp<int64_t>(int8_direct_slab_bytes() / Kp / NC * NC, NC, kI8DirectSlab);
   static thread_local UnitScratch conv_buf;
-  alignas(64) int32_t corr[NC];
-  alignas(64) float sw[NC];
-  for (int64_t nb = n0; nb < n1; nb += NC) {
-    const int nc = static_cast<int>(std::min<int64_t>(NC, n1 - nb));
-    // The tile reads whole 4-byte units: rows whose K is not a multiple of 4 are copied, padded.
-    const uint8_t* w = static_cast<const uint8_t*>(W.data) + nb * K;
+  alignas(64) int32_t corr[kI8DirectSlab];
+  alignas(64) float sw[kI8DirectSlab];
+  for (int64_t sb = n0; sb < n1; sb += SL) {
+    const int64_t sn = std::min(SL, n1 - sb);
+    const uint8_t* w = static_cast<const uint8_t*>(W.data) + sb * K;
     int64_t ldw = K;
     if (K != Kp) {
-      uint8_t* c = conv_buf.get<uint8_t>(NC * Kp);
-      for (int j = 0; j < nc; ++j) {
+      uint8_t* c = conv_buf.get<uint8_t>(SL * Kp);
+      for (int64_t j = 0; j < sn; ++j) {
         std::memcpy(c + j * Kp, w + j * K, K);
         std::memset(c + j * Kp + K, 0, Kp - K);
       }
       w = c, ldw = Kp;
     }
-    for (int j = 0; j < nc; ++j) {
+    for (int64_t j = 0; j < sn; ++j) {
       corr[j] = UK::rowsum(w + j * ldw, Kp);
-      sw[j] = scale_at(W.scales, W.scale_dtype, nb + j);
+      sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
     }
-    // The next columns' rows are prefetched into L2 over these columns' tiles, a few lines per
-    // 16 units (without: ~15 % of the time went to the row sums' first reads; all lines in the
-    // first tile alone cost its own streams ~7 %). The padded copy (K % 4) is private: no prefetch.
-    const int64_t next = K == Kp ? std::clamp<int64_t>(n1 - nb - NC, 0, NC) : 0;
-    SlicePrefetch pf(w + NC * ldw, ldw, next, Kp, ((m1 - m0 + MR - 1) / MR) * (KQ / 16));
+    // The next slab's rows are prefetched into L2 over this slab's tiles, a few lines per 16
+    // units (without: ~15 % of the time went to the row sums' first reads; all of them in one
+    // tile cost that tile's own streams ~7 %). The padded copy (K % 4) is private: no prefetch.
+    const int64_t next = K == Kp ? std::clamp<int64_t>(n1 - sb - SL, 0, SL) : 0;
+    const int64_t tiles = ((m1 - m0 + MR - 1) / MR) * ((sn + NC - 1) / NC);
+    SlicePrefetch pf(w + SL * ldw, ldw, next, Kp, tiles * (KQ / 16));
     for (int64_t m = m0; m < m1; m += MR)
-      UK::tile_cols(nc, qa + (m / MR) * KQ * MR, w, ldw, KQ, &pf, corr, sx + m, sw, bias ? bias + nb : nullptr,
-                    y + m * ldy + nb, ldy, static_cast<int>(std::min<int64_t>(MR, m1 - m)));
+      for (int64_t nb = 0; nb < sn; nb += NC)
+        UK::tile_cols(static_cast<int>(std::min<int64_t>(NC, sn - nb)), qa + (m / MR) * KQ * MR, w + nb * ldw, ldw,
+                      KQ, &pf, corr + nb, sx + m, sw + nb, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
+                      ldy, static_cast<int>(std::min<int64_t>(MR, m1 - m)));
   }
 }
 
@@ -92,7 +107,7 @@ template <class UK>
 void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
                         ThreadPool& pool, int64_t ldx, int64_t ldy) {
   constexpr int MR = UK::kMR;
-  static_assert(kI8DirectNC % UK::kNC == 0);
+  static_assert(kI8DirectSlab % UK::kNC == 0);
   const int64_t Kp = (K + 3) / 4 * 4, KQ = Kp / 4, blocks = (M + MR - 1) / MR;
   // Reused between calls (a fresh vector's page faults and zeroing were ~5 % at M = 256).
   static thread_local UnitScratch qa_buf, sx_buf;
@@ -115,7 +130,7 @@ void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, c
   const int64_t super = (blocks + passes - 1) / passes * MR;
   for (int64_t s0 = 0; s0 < M; s0 += super) {
     const int64_t s1 = std::min(M, s0 + super);
-    split_gemm(s1 - s0, W.rows(), MR, UK::kNC, kI8DirectNC, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    split_gemm(s1 - s0, W.rows(), MR, UK::kNC, kI8DirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
       int8_direct_block<UK>(qa, KQ, sx, s0 + m0, s0 + m1, K, W, n0, n1, bias, y, ldy);
     });
   }
