@@ -1,5 +1,6 @@
-// The W8A8 GEMM driver shared by the int8 kernels (gemm_int8_avx512vnni.cpp,
-// gemm_int8_avxvnni.cpp, gemm_int8_avx2.cpp) for Q8_ROW weights (int8, one scale per row):
+// The packing W8A8 GEMM driver of the AVX-VNNI and AVX2 int8 kernels (gemm_int8_avxvnni.cpp,
+// gemm_int8_avx2.cpp) for Q8_ROW weights (int8, one scale per row); quantize_row_avx2 is also
+// the W4A8 kernels'. (The AVX512_VNNI kernel reads the weights in place: gemm_int8_direct.h.)
 //
 //   1. x is quantized per row exactly as ref::quantize_row_int8 (kernels.h), Kp = K rounded up
 //      to 4 (zero padded): the micro-kernels sum quads of k. The rows are stored packed per

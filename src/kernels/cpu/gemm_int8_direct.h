@@ -1,6 +1,6 @@
 // The W8A8 GEMM driver that reads the Q8_ROW weights where they lie (the mapped file): no panel
-// packing. Used by the VNNI kernels; gemm_int8_common.h has the packing driver (AVX2) and the
-// shared quantization.
+// packing. Used by the AVX512_VNNI kernel; gemm_int8_common.h has the packing driver of the
+// AVX-VNNI and AVX2 ones.
 //
 // Why: a packed-panel GEMM transposes every weight byte into 4-byte column units for each call,
 // which took ~14 % of a W8A8 GEMM at M = 256 on a Xeon (the weights are read cold, at a stride
@@ -26,7 +26,7 @@
 // rows, zero above), and
 // tile_cols(nc, a, w, ldw, nq, corr, sx, sw, bias, y, ldy, rows).
 //
-// Include ONLY from the VNNI SIMD files: everything has internal linkage.
+// Include ONLY from SIMD files whose micro-kernel it drives: everything has internal linkage.
 #pragma once
 
 #include <algorithm>
@@ -35,7 +35,6 @@
 
 #include "core/format.h"
 #include "core/weight.h"
-#include "kernels/cpu/gemm_int8_common.h"
 #include "kernels/cpu/gemm_units.h"
 
 namespace klein::kernels {
