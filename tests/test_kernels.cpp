@@ -329,8 +329,8 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   ThreadPool pool(2), pool1(1);
   check_linear_fast(fast, DType::kQ8Row, 45, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ8Row, 200, 40, 1030, false, 3, pool, rng);
-  // The AVX512_VNNI kernel's row superblocks (L2 / 2 of packed activations: 96 rows at K = 9216
-  // with a 2 MB L2, so 96 + 96 + 8 here) and its slabs of columns (48 at that K).
+  // The AVX512_VNNI kernel's slabs of columns (L2 / 4 of weight rows: 48 at K = 9216 with a 2 MB
+  // L2, so 48 + 48 + 48 + 6 here, each prefetching the next) and a partial 32-row block.
   check_linear_fast(fast, DType::kQ8Row, 200, 150, 9216, true, 1, pool, rng);
   check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices

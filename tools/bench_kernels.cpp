@@ -290,12 +290,13 @@ int main(int argc, char** argv) {
     int64_t M, K, N;
   };
   // The DiT's GEMMs: K = 3072 into N = 3072 (attention out / projections), 9216 (fused QKV),
-  // 18432 (single-block fused QKV + MLP in), and K = 9216 into N = 3072 (MLP out); M = tokens.
+  // 18432 (MLP in), K = 9216 into N = 3072 (double-block MLP out) and K = 12288 into N = 3072
+  // (single-block fused out: attention | MLP); M = tokens.
   std::vector<Shape3> shapes;
   if (ms.empty()) ms = quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 1024, 1536};
   for (int64_t M : ms)
-    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}})
-      if (!quick || N != 18432) shapes.push_back({M, K, N});
+    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}, {12288, 3072}})
+      if (!quick || (N != 18432 && K != 12288)) shapes.push_back({M, K, N});
   for (const Shape3& s : shapes) {
     std::vector<uint16_t> wb(s.N * s.K);
     std::vector<int8_t> wq(s.N * s.K);

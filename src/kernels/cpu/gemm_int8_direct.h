@@ -14,8 +14,7 @@
 //
 //   1. x is quantized per row exactly as ref::quantize_row_int8, into blocks of MR rows stored
 //      [M / MR][KQ][MR] 4-byte units (Kp = K rounded up to 4, zero padded; pad rows hold 0).
-//   2. Rows are processed in superblocks whose packed activations fit in L2 (int8_direct_a_bytes),
-//      one pool.run each; within a superblock the threads take work items of a few slabs.
+//   2. The threads take work items of a few slabs of columns (all rows each).
 //   3. Per slab of columns: corr and the weight scales; then for each MR-row block, across the
 //      slab, the micro-kernel sums the MR × NC int32 tile over the whole K in registers and stores
 //      y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n], each step rounded to float32 as in
@@ -40,16 +39,8 @@
 namespace klein::kernels {
 namespace {
 
-// This core's L2 is shared out as: half for the packed activations of a superblock of rows, a
-// quarter for the weight rows of a slab of columns (every row of W is read once per superblock,
-// the superblock's activations once per slab), the rest for y and the prefetched next slab.
-// Measured on a Xeon with 2 MB of L2 (M = 1024, 1 thread): 5-6 % faster than activations in 3/4
-// with 12-column slabs; and activations in 1/2 or 3/4 both beat 1/4 or no superblocks (A from
-// L3) by 5-10 %.
-inline int64_t int8_direct_a_bytes() {
-  static const int64_t bytes = l2_cache_bytes() / 2;
-  return bytes;
-}
+// The weight rows of a slab of columns take up to a quarter of this core's L2 (the rest holds
+// the prefetched next slab, the activation stream and y).
 inline int64_t int8_direct_slab_bytes() {
   static const int64_t bytes = l2_cache_bytes() / 4;
   return bytes;
@@ -124,15 +115,13 @@ void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, c
       UK::pack_rows(rows, Kp, n, KQ, qa + b * KQ * MR);
     }
   });
-  // Rows per superblock: as even as possible (a short last one re-reads all of W for few rows).
-  const int64_t cap = std::max<int64_t>(1, int8_direct_a_bytes() / (Kp * MR)), passes = (blocks + cap - 1) / cap;
-  const int64_t super = (blocks + passes - 1) / passes * MR;
-  for (int64_t s0 = 0; s0 < M; s0 += super) {
-    const int64_t s1 = std::min(M, s0 + super);
-    split_gemm(s1 - s0, W.rows(), MR, UK::kNC, kI8DirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-      int8_direct_block<UK>(qa, KQ, sx, s0 + m0, s0 + m1, K, W, n0, n1, bias, y, ldy);
-    });
-  }
+  // All rows in one pass: every weight row is read from memory once per call. Superblocks of
+  // rows whose packed activations fit in half the L2 (W re-read once per superblock) measured
+  // 5-10 % faster on a single GEMM whose W stayed in L3, but in the pipeline, where W comes
+  // from DRAM, 512² q8 denoising took 79.6 s with them against 60.6 s without (Xeon, 2 threads).
+  split_gemm(M, W.rows(), MR, UK::kNC, kI8DirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    int8_direct_block<UK>(qa, KQ, sx, m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
+  });
 }
 
 }  // namespace
