@@ -1,72 +1,164 @@
 // AVX-VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast): the VEX-encoded vpdpbusd on ymm
-// (CPUs with AVX-VNNI but no AVX-512, e.g. Alder Lake), 6×16 int32 tiles (12 accumulators + 2
-// panel vectors + 1 broadcast of the 16 registers). Driver, quantization and exact rescale:
-// gemm_int8_common.h; activations are u8 = q + 128.
+// (CPUs with AVX-VNNI but no AVX-512, e.g. Alder Lake), on gemm_int8_direct.h's driver — the
+// weights are read in place and the tile is yᵀ, as in the AVX512_VNNI kernel. A tile is 16 rows
+// × 6 columns: per 4-byte unit of K, two ymm of activations and 6 broadcast weight units, 12
+// vpdpbusd into 12 accumulators (+ 2 activation vectors + 1 broadcast = 15 of the 16 registers).
+// Quantization is quantize_row_avx2 (gemm_int8_common.h); the epilogue rescales each column as
+// ref::linear_w8a8 and transposes 8 × 8 blocks into rows of y.
 #include "kernels/cpu/gemm_int8_common.h"
+#include "kernels/cpu/gemm_int8_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace klein::kernels::avxvnni {
 namespace {
 
+// r[i] ← column i of the 8×8 block of 32-bit lanes whose row i is r[i].
+inline void transpose8x8(__m256i r[8]) {
+  const __m256 a0 = _mm256_castsi256_ps(r[0]), a1 = _mm256_castsi256_ps(r[1]), a2 = _mm256_castsi256_ps(r[2]),
+               a3 = _mm256_castsi256_ps(r[3]), a4 = _mm256_castsi256_ps(r[4]), a5 = _mm256_castsi256_ps(r[5]),
+               a6 = _mm256_castsi256_ps(r[6]), a7 = _mm256_castsi256_ps(r[7]);
+  const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+  const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+  const __m256 t4 = _mm256_unpacklo_ps(a4, a5), t5 = _mm256_unpackhi_ps(a4, a5);
+  const __m256 t6 = _mm256_unpacklo_ps(a6, a7), t7 = _mm256_unpackhi_ps(a6, a7);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_castps_si256(_mm256_permute2f128_ps(s0, s4, 0x20));
+  r[1] = _mm256_castps_si256(_mm256_permute2f128_ps(s1, s5, 0x20));
+  r[2] = _mm256_castps_si256(_mm256_permute2f128_ps(s2, s6, 0x20));
+  r[3] = _mm256_castps_si256(_mm256_permute2f128_ps(s3, s7, 0x20));
+  r[4] = _mm256_castps_si256(_mm256_permute2f128_ps(s0, s4, 0x31));
+  r[5] = _mm256_castps_si256(_mm256_permute2f128_ps(s1, s5, 0x31));
+  r[6] = _mm256_castps_si256(_mm256_permute2f128_ps(s2, s6, 0x31));
+  r[7] = _mm256_castps_si256(_mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+inline __m256i first_lanes(int n) {  // all-ones in the first n (0..8) 32-bit lanes
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 struct Vnni256 {
-  static constexpr int kMR = 6, kNR = 16;
-  static constexpr bool kShift = true;
+  static constexpr int kMR = 16, kNC = 6;
+  // Activation units prefetched into L1 this far ahead (as the AVX512_VNNI kernel).
+  static constexpr int kAPf = 32;
 
-  static void colsum(const uint32_t* panel, int64_t nq, int32_t* sum) {
+  static void quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* q, float* s) {
+    quantize_row_avx2(x, K, Kp, 0x80, q, s);
+  }
+
+  // Σ of the n int8 (n a multiple of 4): vpdpbusd with all-ones u8, four chains.
+  static int32_t rowsum(const uint8_t* w, int64_t n) {
     const __m256i ones = _mm256_set1_epi8(1);
-    __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sum));
-    __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sum + 8));
-    for (int64_t q = 0; q < nq; ++q) {
-      s0 = _mm256_dpbusd_avx_epi32(s0, ones, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q * kNR)));
-      s1 = _mm256_dpbusd_avx_epi32(s1, ones,
-                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q * kNR + 8)));
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t k = 0;
+    auto ld = [&](int64_t i) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)); };
+    for (; k + 128 <= n; k += 128) {
+      s0 = _mm256_dpbusd_avx_epi32(s0, ones, ld(k));
+      s1 = _mm256_dpbusd_avx_epi32(s1, ones, ld(k + 32));
+      s2 = _mm256_dpbusd_avx_epi32(s2, ones, ld(k + 64));
+      s3 = _mm256_dpbusd_avx_epi32(s3, ones, ld(k + 96));
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sum), s0);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sum + 8), s1);
+    for (; k + 32 <= n; k += 32) s0 = _mm256_dpbusd_avx_epi32(s0, ones, ld(k));
+    if (k < n)
+      s1 = _mm256_dpbusd_avx_epi32(s1, ones, _mm256_maskload_epi32(reinterpret_cast<const int*>(w + k),
+                                                                   first_lanes(static_cast<int>((n - k) / 4))));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
   }
 
-  // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
-  template <int R>
-  __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c, int64_t ldc, bool acc) {
-#define KLEIN_V_DECL(r)                                                                        \
-  __m256i c##r##_0 = _mm256_setzero_si256(), c##r##_1 = _mm256_setzero_si256();                \
-  if (R > r && acc) {                                                                          \
-    c##r##_0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc));              \
-    c##r##_1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + 8));          \
+  // qa[q][j] = unit q of row j (rows ld bytes apart), j < rows; 0 for rows ≤ j < 16. 8 rows ×
+  // 8 units per 8×8 transpose.
+  static void pack_rows(const uint8_t* src, int64_t ld, int rows, int64_t nq, uint32_t* qa) {
+    for (int j0 = 0; j0 < kMR; j0 += 8)
+      for (int64_t q = 0; q < nq; q += 8) {
+        const int nu = static_cast<int>(std::min<int64_t>(8, nq - q));
+        const __m256i um = first_lanes(nu);
+        __m256i r[8];
+        for (int i = 0; i < 8; ++i)
+          r[i] = j0 + i < rows ? _mm256_maskload_epi32(reinterpret_cast<const int*>(src + (j0 + i) * ld + q * 4), um)
+                               : _mm256_setzero_si256();
+        transpose8x8(r);
+        for (int u = 0; u < nu; ++u) _mm256_storeu_si256(reinterpret_cast<__m256i*>(qa + (q + u) * kMR + j0), r[u]);
+      }
   }
+
+  // y[rows × NC] for 16 packed activation rows a[nq][16] and the weight rows w + j·ldw;
+  // pf->step() once per 16 units (the driver's prefetch of the next slab).
+  // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
+  template <int NC>
+  __attribute__((noinline)) static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq,
+                                             SlicePrefetch* pf, const int32_t* corr, const float* sx, const float* sw,
+                                             const float* bias, float* y, int64_t ldy, int rows) {
+    const uint8_t* w0 = w;
+    const uint8_t* w3 = w + 3 * ldw;
+    const int64_t l2 = 2 * ldw;
+#define KLEIN_V_DECL(j) __m256i c##j##_0 = _mm256_setzero_si256(), c##j##_1 = _mm256_setzero_si256();
     KLEIN_V_DECL(0) KLEIN_V_DECL(1) KLEIN_V_DECL(2) KLEIN_V_DECL(3) KLEIN_V_DECL(4) KLEIN_V_DECL(5)
 #undef KLEIN_V_DECL
-#define KLEIN_V_ROW(r)                                          \
-  if constexpr (R > r) {                                        \
-    const __m256i av = _mm256_set1_epi32(static_cast<int>(a[q * kMR + r]));                    \
-    c##r##_0 = _mm256_dpbusd_avx_epi32(c##r##_0, av, b0);       \
-    c##r##_1 = _mm256_dpbusd_avx_epi32(c##r##_1, av, b1);       \
+#define KLEIN_V_COL(j, p, off)                                      \
+  if constexpr (NC > j) {                                           \
+    int32_t u;                                                      \
+    std::memcpy(&u, p + off, 4);                                    \
+    const __m256i bv = _mm256_set1_epi32(u);                        \
+    c##j##_0 = _mm256_dpbusd_avx_epi32(c##j##_0, a0, bv);           \
+    c##j##_1 = _mm256_dpbusd_avx_epi32(c##j##_1, a1, bv);           \
   }
-    for (int64_t q = 0; q < nq; ++q) {
-      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 8));
-      KLEIN_V_ROW(0) KLEIN_V_ROW(1) KLEIN_V_ROW(2) KLEIN_V_ROW(3) KLEIN_V_ROW(4) KLEIN_V_ROW(5)
-      b += kNR;
+    auto step = [&] {
+      _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
+      const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+      const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 8));
+      KLEIN_V_COL(0, w0, 0) KLEIN_V_COL(1, w0, ldw) KLEIN_V_COL(2, w0, l2)
+      KLEIN_V_COL(3, w3, 0) KLEIN_V_COL(4, w3, ldw) KLEIN_V_COL(5, w3, l2)
+      a += kMR;
+      w0 += 4, w3 += 4;
+    };
+#undef KLEIN_V_COL
+    int64_t q = 0;
+    for (; q + 16 <= nq; q += 16) {
+      pf->step();
+      for (int i = 0; i < 16; ++i) step();
     }
-#undef KLEIN_V_ROW
-#define KLEIN_V_STORE(r)                                                          \
-  if constexpr (R > r) {                                                          \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc), c##r##_0);       \
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + r * ldc + 8), c##r##_1);   \
-  }
-    KLEIN_V_STORE(0) KLEIN_V_STORE(1) KLEIN_V_STORE(2) KLEIN_V_STORE(3) KLEIN_V_STORE(4) KLEIN_V_STORE(5)
-#undef KLEIN_V_STORE
+    for (; q < nq; ++q) step();
+    // Rescale column by column (lanes = rows), then transpose 8 rows at a time into y.
+    __m256i r[2][8];
+#define KLEIN_V_OUT(j) \
+  r[0][j] = NC > j ? c##j##_0 : _mm256_setzero_si256(); r[1][j] = NC > j ? c##j##_1 : _mm256_setzero_si256();
+    KLEIN_V_OUT(0) KLEIN_V_OUT(1) KLEIN_V_OUT(2) KLEIN_V_OUT(3) KLEIN_V_OUT(4) KLEIN_V_OUT(5)
+#undef KLEIN_V_OUT
+    const __m256i cm = first_lanes(NC);
+    for (int h = 0; h < 2 && h * 8 < rows; ++h) {
+      const __m256 vs = _mm256_loadu_ps(sx + h * 8);
+      for (int j = 0; j < 8; ++j) {
+        if (j >= NC) {
+          r[h][j] = _mm256_setzero_si256();
+          continue;
+        }
+        const __m256i k = _mm256_set1_epi32(corr[j] * 128);
+        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(r[h][j], k)), vs);
+        __m256 v = _mm256_mul_ps(t, _mm256_set1_ps(sw[j]));
+        v = _mm256_add_ps(v, _mm256_set1_ps(bias ? bias[j] : 0.0f));
+        r[h][j] = _mm256_castps_si256(v);
+      }
+      transpose8x8(r[h]);
+      const int n = std::min(8, rows - h * 8);
+      for (int i = 0; i < n; ++i) _mm256_maskstore_ps(y + (h * 8 + i) * ldy, cm, _mm256_castsi256_ps(r[h][i]));
+    }
   }
 
-  static void tile_rows(int rows, const uint32_t* a, const uint32_t* b, int64_t nq, int32_t* c,
-                        int64_t ldc, bool acc) {
-    switch (rows) {
-      case 6: tile<6>(a, b, nq, c, ldc, acc); break;
-      case 5: tile<5>(a, b, nq, c, ldc, acc); break;
-      case 4: tile<4>(a, b, nq, c, ldc, acc); break;
-      case 3: tile<3>(a, b, nq, c, ldc, acc); break;
-      case 2: tile<2>(a, b, nq, c, ldc, acc); break;
-      default: tile<1>(a, b, nq, c, ldc, acc); break;
+  static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,
+                        const int32_t* corr, const float* sx, const float* sw, const float* bias, float* y,
+                        int64_t ldy, int rows) {
+    switch (nc) {
+#define KLEIN_V_CASE(n) \
+  case n: tile<n>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
+      KLEIN_V_CASE(6) KLEIN_V_CASE(5) KLEIN_V_CASE(4) KLEIN_V_CASE(3) KLEIN_V_CASE(2)
+#undef KLEIN_V_CASE
+      default: tile<1>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
     }
   }
 };
@@ -75,7 +167,7 @@ struct Vnni256 {
 
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  int8_linear<Vnni256>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  int8_direct_linear<Vnni256>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avxvnni
