@@ -17,8 +17,6 @@ namespace {
 
 struct MaddInt8 {
   static constexpr int kMR = 4, kNR = 16;
-  static constexpr bool kShift = false;
-  static void colsum(const uint32_t*, int64_t, int32_t*) {}
 
   // noinline: inlined into the driver, GCC kept a stack copy of every accumulator in the loop.
   template <int R>

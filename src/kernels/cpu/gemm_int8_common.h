@@ -1,6 +1,6 @@
-// The packing W8A8 GEMM driver of the AVX-VNNI and AVX2 int8 kernels (gemm_int8_avxvnni.cpp,
-// gemm_int8_avx2.cpp) for Q8_ROW weights (int8, one scale per row); quantize_row_avx2 is also
-// the W4A8 kernels'. (The AVX512_VNNI kernel reads the weights in place: gemm_int8_direct.h.)
+// The packing W8A8 GEMM driver of the AVX2 int8 kernel (gemm_int8_avx2.cpp) for Q8_ROW weights
+// (int8, one scale per row); quantize_row_avx2 is also the AVX-VNNI and W4A8 kernels'. (The VNNI
+// kernels read the weights in place: gemm_int8_direct.h.)
 //
 //   1. x is quantized per row exactly as ref::quantize_row_int8 (kernels.h), Kp = K rounded up
 //      to 4 (zero padded): the micro-kernels sum quads of k. The rows are stored packed per
@@ -13,13 +13,12 @@
 //      sums of earlier slices are kept in y itself (same size as float32): the accumulation over
 //      the whole K stays exact in int32, as the reference's, and needs no extra buffer.
 //   4. After the last slice, the tile is rescaled in place, each step rounded to float32 —
-//      y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n] — so y equals ref::linear_w8a8 bit
+//      y = (float(acc) · s_x[m]) · s_w[n] + bias[n] — so y equals ref::linear_w8a8 bit
 //      for bit. These files are compiled with -ffp-contract=off so the compiler cannot fuse the
 //      multiply and add of that formula.
 //
-// vpdpbusd multiplies unsigned bytes by signed bytes, so the VNNI kernels (UK::kShift) store the
-// activations as u8 = q + 128 and subtract corr[n] = 128 · Σ_k W[n, k], summed per slab from the
-// packed panels (UK::colsum). The AVX2 kernel keeps q signed (see its file for why).
+// The activations stay signed (vpmaddubsw's operand order; see gemm_int8_avx2.cpp for why that is
+// exact), so no column-sum correction is needed.
 //
 // Include ONLY from the int8 SIMD files (all have at least AVX2): everything has internal linkage.
 #pragma once
@@ -93,7 +92,6 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
   static thread_local UnitScratch pack_buf, conv_buf;
   uint32_t* bp = pack_buf.get<uint32_t>(std::min(kI8KC, KQ) * kI8NC);
   alignas(64) int32_t tile[MR * NR];
-  alignas(64) int32_t corr[kI8NC];
   alignas(64) float sw[kI8NC];
   for (int64_t nc0 = n0; nc0 < n1; nc0 += kI8NC) {
     const int64_t ncn = std::min(kI8NC, n1 - nc0);
@@ -110,7 +108,6 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
       src = c, ld = Kp;
     }
     for (int64_t j = 0; j < ncn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, nc0 + j);
-    std::fill(corr, corr + np * NR, 0);
     for (int64_t kc0 = 0; kc0 < KQ; kc0 += kI8KC) {
       const int64_t kcn = std::min(kI8KC, KQ - kc0);
       for (int64_t p = 0; p < np; ++p) {
@@ -120,7 +117,6 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
           UK::pack(src + p * NR * ld, ld, nr, kc0, kcn, panel);  // the kernel's own (vectorised) packing
         else
           pack_units<NR>(src + p * NR * ld, ld, nr, kc0, kcn, panel);
-        if constexpr (UK::kShift) UK::colsum(panel, kcn, corr + p * NR);
       }
       const bool acc = kc0 > 0, last = kc0 + kcn == KQ;
       // The next slice's weight rows, fetched while this slice computes (gemm_units.h).
@@ -151,15 +147,14 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
               const __m256 vs = _mm256_set1_ps(s);
               for (; j + 8 <= cols; j += 8) {
                 const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + j));
-                const __m256i k = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + j0 + j)), 7);
-                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(a, k)), vs);
+                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(a), vs);
                 const __m256 b = bias ? _mm256_loadu_ps(bias + n + j) : _mm256_setzero_ps();
                 _mm256_storeu_ps(yt + r * ldy + j, _mm256_add_ps(_mm256_mul_ps(t, _mm256_loadu_ps(sw + j0 + j)), b));
               }
               for (; j < cols; ++j) {
                 int32_t a;
                 std::memcpy(&a, c + r * ldc + j, 4);
-                const float t = static_cast<float>(a - corr[j0 + j] * 128) * s;
+                const float t = static_cast<float>(a) * s;
                 yt[r * ldy + j] = t * sw[j0 + j] + (bias ? bias[n + j] : 0.0f);
               }
             }
@@ -184,7 +179,7 @@ void int8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const fl
     std::vector<uint8_t> row(Kp);
     for (int64_t sl = s0; sl < s1; ++sl)
       for (int64_t m = sl * MR; m < std::min(M, (sl + 1) * MR); ++m) {
-        quantize_row_avx2(x + m * ldx, K, Kp, UK::kShift ? 0x80 : 0, row.data(), &sx[m]);
+        quantize_row_avx2(x + m * ldx, K, Kp, 0, row.data(), &sx[m]);
         uint32_t* d = qa.data() + sl * KQ * MR + (m - sl * MR);
         for (int64_t q = 0; q < KQ; ++q) std::memcpy(d + q * MR, row.data() + q * 4, 4);
       }

@@ -1,6 +1,6 @@
 // The W8A8 GEMM driver that reads the Q8_ROW weights where they lie (the mapped file): no panel
-// packing. Used by the AVX512_VNNI kernel; gemm_int8_common.h has the packing driver of the
-// AVX-VNNI and AVX2 ones.
+// packing. Used by the AVX512_VNNI and AVX-VNNI kernels; gemm_int8_common.h has the packing
+// driver of the AVX2 one.
 //
 // Why: a packed-panel GEMM transposes every weight byte into 4-byte column units for each call,
 // which took ~14 % of a W8A8 GEMM at M = 256 on a Xeon (the weights are read cold, at a stride
