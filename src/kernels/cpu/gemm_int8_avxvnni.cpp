@@ -12,7 +12,9 @@
 namespace klein::kernels::avxvnni {
 namespace {
 
-// r[i] ← column i of the 8×8 block of 32-bit lanes whose row i is r[i].
+// r[i] ← column i of the 8×8 block of 32-bit lanes whose row i is r[i]. (avx2_common.h has the
+// same transpose, but it is for the *_avx2.cpp files only: its inline functions have external
+// linkage, and a copy compiled here with -mavxvnni could be the one the linker keeps.)
 inline void transpose8x8(__m256i r[8]) {
   const __m256 a0 = _mm256_castsi256_ps(r[0]), a1 = _mm256_castsi256_ps(r[1]), a2 = _mm256_castsi256_ps(r[2]),
                a3 = _mm256_castsi256_ps(r[3]), a4 = _mm256_castsi256_ps(r[4]), a5 = _mm256_castsi256_ps(r[5]),

@@ -97,16 +97,7 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
     const int64_t ncn = std::min(kI8NC, n1 - nc0);
     const int64_t np = (ncn + NR - 1) / NR;
     // The slab's rows, as bytes with a row stride of Kp (a copy with zero padding when K % 4).
-    const uint8_t* src = static_cast<const uint8_t*>(W.data) + nc0 * K;
-    int64_t ld = K;
-    if (K != Kp) {
-      uint8_t* c = conv_buf.get<uint8_t>(ncn * Kp);
-      for (int64_t j = 0; j < ncn; ++j) {
-        std::memcpy(c + j * Kp, src + j * K, K);
-        std::memset(c + j * Kp + K, 0, Kp - K);
-      }
-      src = c, ld = Kp;
-    }
+    const auto [src, ld] = unit_padded_rows(static_cast<const uint8_t*>(W.data) + nc0 * K, K, Kp, ncn, conv_buf);
     for (int64_t j = 0; j < ncn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, nc0 + j);
     for (int64_t kc0 = 0; kc0 < KQ; kc0 += kI8KC) {
       const int64_t kcn = std::min(kI8KC, KQ - kc0);

@@ -64,16 +64,7 @@ void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t 
   alignas(64) float sw[kI8DirectSlab];
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
-    const uint8_t* w = static_cast<const uint8_t*>(W.data) + sb * K;
-    int64_t ldw = K;
-    if (K != Kp) {
-      uint8_t* c = conv_buf.get<uint8_t>(SL * Kp);
-      for (int64_t j = 0; j < sn; ++j) {
-        std::memcpy(c + j * Kp, w + j * K, K);
-        std::memset(c + j * Kp + K, 0, Kp - K);
-      }
-      w = c, ldw = Kp;
-    }
+    const auto [w, ldw] = unit_padded_rows(static_cast<const uint8_t*>(W.data) + sb * K, K, Kp, sn, conv_buf);
     for (int64_t j = 0; j < sn; ++j) {
       corr[j] = UK::rowsum(w + j * ldw, Kp);
       sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
@@ -83,7 +74,7 @@ void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t 
     // tile cost that tile's own streams ~7 %). The padded copy (K % 4) is private: no prefetch.
     const int64_t next = K == Kp ? std::clamp<int64_t>(n1 - sb - SL, 0, SL) : 0;
     const int64_t tiles = ((m1 - m0 + MR - 1) / MR) * ((sn + NC - 1) / NC);
-    SlicePrefetch pf(w + SL * ldw, ldw, next, Kp, tiles * (KQ / 16));
+    SlicePrefetch pf(next > 0 ? w + SL * ldw : w, ldw, next, Kp, tiles * (KQ / 16));
     for (int64_t m = m0; m < m1; m += MR)
       for (int64_t nb = 0; nb < sn; nb += NC)
         UK::tile_cols(static_cast<int>(std::min<int64_t>(NC, sn - nb)), qa + (m / MR) * KQ * MR, w + nb * ldw, ldw,

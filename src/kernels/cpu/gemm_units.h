@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include <unistd.h>
 
@@ -60,6 +61,20 @@ struct UnitScratch {
     note_scratch_bytes(-static_cast<int64_t>(n));
   }
 };
+
+// n rows of K bytes (K apart) as rows of Kp ≥ K bytes, K rounded up to whole 4-byte units: the
+// rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
+// whole units). Returns {rows, row stride}.
+inline std::pair<const uint8_t*, int64_t> unit_padded_rows(const uint8_t* src, int64_t K, int64_t Kp, int64_t n,
+                                                           UnitScratch& buf) {
+  if (K == Kp) return {src, K};
+  uint8_t* c = buf.get<uint8_t>(n * Kp);
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(c + j * Kp, src + j * K, K);
+    std::memset(c + j * Kp + K, 0, Kp - K);
+  }
+  return {c, Kp};
+}
 
 // Rows [c0, c1) as micro-kernel slivers of at most mr rows, sizes as even as possible (128 rows
 // with mr = 14 → 10 slivers of 12–13, not 9 × 14 + one of 2 that wastes its panel loads).
