@@ -184,7 +184,10 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
   uint32_t* bp = pack_buf.get<uint32_t>(std::min(kZKC, KU) * kZNC);  // [kZNC/32][kc][32]
   for (int64_t nc0 = n0; nc0 < n1; nc0 += kZNC) {
     const int64_t ncn = std::min(kZNC, n1 - nc0);
-    const auto [src, ld] = Op::slab(W, nc0, ncn, KU, conv_buf);
+    // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
+    const auto slab_rows = Op::slab(W, nc0, ncn, KU, conv_buf);
+    const auto* const src = slab_rows.first;
+    const int64_t ld = slab_rows.second;
     const int64_t np = (ncn + kZNR - 1) / kZNR;
     for (int64_t kc0 = 0; kc0 < KU; kc0 += kZKC) {
       const int64_t kcn = std::min(kZKC, KU - kc0);

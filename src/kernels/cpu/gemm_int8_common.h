@@ -97,7 +97,10 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
     const int64_t ncn = std::min(kI8NC, n1 - nc0);
     const int64_t np = (ncn + NR - 1) / NR;
     // The slab's rows, as bytes with a row stride of Kp (a copy with zero padding when K % 4).
-    const auto [src, ld] = unit_padded_rows(static_cast<const uint8_t*>(W.data) + nc0 * K, K, Kp, ncn, conv_buf);
+    // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
+    const auto slab_rows = unit_padded_rows(static_cast<const uint8_t*>(W.data) + nc0 * K, K, Kp, ncn, conv_buf);
+    const auto* const src = slab_rows.first;
+    const int64_t ld = slab_rows.second;
     for (int64_t j = 0; j < ncn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, nc0 + j);
     for (int64_t kc0 = 0; kc0 < KQ; kc0 += kI8KC) {
       const int64_t kcn = std::min(kI8KC, KQ - kc0);

@@ -64,7 +64,10 @@ void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t 
   alignas(64) float sw[kI8DirectSlab];
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
-    const auto [w, ldw] = unit_padded_rows(static_cast<const uint8_t*>(W.data) + sb * K, K, Kp, sn, conv_buf);
+    // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
+    const auto slab_rows = unit_padded_rows(static_cast<const uint8_t*>(W.data) + sb * K, K, Kp, sn, conv_buf);
+    const auto* const w = slab_rows.first;
+    const int64_t ldw = slab_rows.second;
     for (int64_t j = 0; j < sn; ++j) {
       corr[j] = UK::rowsum(w + j * ldw, Kp);
       sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
