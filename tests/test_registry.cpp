@@ -46,6 +46,11 @@ TEST(CpuFeatures, IsaRequirements) {
   f.avx512vl = true;
   EXPECT_EQ(f.isas(), (std::vector<Isa>{Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512, Isa::kAvx512Vnni}));
   EXPECT_EQ(f.flags(), "avx2 fma f16c avx512f avx512bw avx512dq avx512vl avx512_vnni avx_vnni");
+  f.amx = true;
+  EXPECT_FALSE(f.has(Isa::kAmx));  // AMX kernels also use AVX512_BF16 (the activations' rounding)
+  f.avx512bf16 = true;
+  EXPECT_TRUE(f.has(Isa::kAmx));
+  EXPECT_EQ(f.isas().back(), Isa::kAmx);
 }
 
 TEST(CpuFeatures, IsaNamesRoundTrip) {
@@ -208,6 +213,20 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(named.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_avx512bf16");
+  // With AMX (Intel), the tile kernels take Q8_ROW and the float formats under kFast, also in the
+  // automatic choice; Q4_G64, attention and convs keep their kernels.
+  CpuFeatures amx = intel;
+  amx.amx = true;
+  const KernelSet f_amx = KernelSet::select(amx, Isa::kCount, kernels::Precision::kFast);
+  EXPECT_EQ(f_amx.max_isa(), Isa::kAmx);
+  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ8Row).name, "gemm_int8_amx");
+  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_amx");
+  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kF32).name, "gemm_bf16_amx");
+  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");
+  EXPECT_EQ(f_amx.get(Op::kConv2d, DType::kBF16).name, "conv2d_avx512");
+  EXPECT_EQ(KernelSet::select(amx, Isa::kCount).get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
+  EXPECT_EQ(KernelSet::select(amx, Isa::kAvx512Vnni, kernels::Precision::kFast).get(Op::kLinear, DType::kQ8Row).name,
+            "gemm_int8_avx512vnni");
 #endif
   kernels::Precision p;
   EXPECT_TRUE(kernels::precision_from_name("fast", &p));

@@ -144,6 +144,33 @@ __attribute__((target("avx2"))) __m256i madd256_chains(int64_t iters, __m256i m,
 __attribute__((target("avx2"))) float madd256_loop(int64_t iters) {
   return static_cast<float>(_mm256_extract_epi32(madd256_chains(iters, _mm256_set1_epi8(3), _mm256_set1_epi8(-2)), 0));
 }
+// AMX: four independent accumulator tiles (tmm0..3) from two A and two B tiles, the 2 × 2 pattern
+// of gemm_amx.cpp, all 8 tiles 16 rows × 64 bytes. Per iteration 4 tile products of 16 × 16 × 64
+// int8 (or 16 × 16 × 32 bf16) multiply-adds. Needs CpuFeatures::host() first (the OS permission).
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+template <bool kInt8>
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) float amx_loop(int64_t iters) {
+  static const AmxConfig cfg;
+  alignas(64) static const uint8_t ops[1024] = {};  // zeros: bf16 sums stay 0, int8 sums too
+  alignas(64) float out[256];
+  _tile_loadconfig(&cfg);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  _tile_loadd(4, ops, 64); _tile_loadd(5, ops, 64); _tile_loadd(6, ops, 64); _tile_loadd(7, ops, 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    if constexpr (kInt8) {
+      _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
 #undef KLEIN_PEAK_LOOP
 #undef KLEIN_CH
 #undef KLEIN_BARRIER
@@ -229,7 +256,7 @@ int main(int argc, char** argv) {
   ThreadPool pool1(1), pool(threads);
 
   // The peaks are the CPU's capability, not the selected kernels': yardsticks whatever --isa is.
-  enum { kFma256, kFma512, kBf16, kVnni512, kVnni256, kMadd256, kNoPeak };
+  enum { kFma256, kFma512, kBf16, kVnni512, kVnni256, kMadd256, kAmxInt8, kAmxBf16, kNoPeak };
   std::vector<Peak> peaks(kNoPeak);
 #if defined(KLEIN_X86)
   const int pr = std::max(reps, 3);
@@ -241,6 +268,10 @@ int main(int argc, char** argv) {
   peaks[kVnni256] = measure_peak("int8 vpdpbusd ymm", cpu.has(Isa::kAvxVnni), vnni256_loop, 12 * 8 * 8, pool1, pool, pr);
   peaks[kMadd256] =
       measure_peak("int8 vpmaddubsw+vpmaddwd ymm", cpu.has(Isa::kAvx2), madd256_loop, 12 * 8 * 8, pool1, pool, pr);
+  peaks[kAmxInt8] =
+      measure_peak("int8 AMX tdpbssd", cpu.has(Isa::kAmx), amx_loop<true>, 4 * 16 * 16 * 64 * 2, pool1, pool, pr);
+  peaks[kAmxBf16] =
+      measure_peak("bf16 AMX tdpbf16ps", cpu.has(Isa::kAmx), amx_loop<false>, 4 * 16 * 16 * 32 * 2, pool1, pool, pr);
 #endif
   std::vector<Row> rows;
   for (int i = 0; i < kNoPeak; ++i)
@@ -268,6 +299,8 @@ int main(int argc, char** argv) {
       {Isa::kAvx2, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx2", kMadd256},
       {Isa::kAvxVnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avxvnni", kVnni256},
       {Isa::kAvx512Vnni, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_avx512vnni", kVnni512},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ8Row, "gemm_int8_amx", kAmxInt8},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kBF16, "gemm_bf16_amx", kAmxBf16},
       // Q4_G64 (MLX int4): the slab is unpacked once per block (q4_unpack.h), then the same
       // micro-kernels as BF16; compare with the BF16 rows above for the unpack's cost.
       {Isa::kAvx2, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx2", kFma256},

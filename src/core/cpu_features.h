@@ -20,6 +20,7 @@ enum class Isa : uint8_t {
   kAvx512,      // AVX-512 F/BW/DQ/VL (+ the AVX2 set)
   kAvx512Vnni,  // + AVX512_VNNI (int8 dot products)
   kAvx512Bf16,  // + AVX512_BF16 (bf16 dot products)
+  kAmx,         // + AMX-TILE/INT8/BF16 (tile matrix products), with the OS's permission
   kCount,
 };
 
@@ -30,6 +31,9 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avxvnni = false;
+  // AMX-TILE + AMX-INT8 + AMX-BF16, XCR0's tile state enabled, and (Linux) the process granted the
+  // tile data state by arch_prctl(ARCH_REQ_XCOMP_PERM) — asked once, by host().
+  bool amx = false;
   // vdpbf16ps yields fewer flops than float32 FMA on this CPU, so the default (automatic) kernel
   // choice under --precision fast computes bf16 / float weights, attention and convs in float32
   // instead (KernelSet::select). Set for Intel cores: measured on family 6 model 207 (2 × 512-bit

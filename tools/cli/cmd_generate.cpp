@@ -63,7 +63,7 @@ Command make_generate_command() {
     s->add_option("--memory", o->memory,
                   "low: one component in memory at a time (default); resident: keep all loaded")
         ->check(CLI::IsMember({"low", "resident"}));
-    s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, ..., avx512_bf16 (default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are slower than float32)");
+    s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx (default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are slower than float32)");
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode/encode with the VAE in seamless tiles of N image pixels (a multiple of 8; same image, less "
                   "memory). Default: automatic, tiles only very large images")

@@ -1,7 +1,7 @@
 // Format conversions for the AVX-512 GEMMs: rows of f32 / bf16 / f16 weights to float32, and
 // float32 to bf16 with round-to-nearest-even exactly as f32_to_bf16 (core/dtype.h) and torch's
 // .to(torch.bfloat16) do — integer arithmetic, no denormal flushing (vcvtneps2bf16 flushes
-// denormal inputs, so it is not used), NaN kept NaN. Include only from *_avx512*.cpp files.
+// denormal inputs, so it is not used), NaN kept NaN. Include only from *_avx512*.cpp / *_amx.cpp files.
 #pragma once
 
 #include <immintrin.h>

@@ -18,48 +18,9 @@ struct Vnni512 {
   // ~3 % faster than none, 16 or 32 ~4 %; 512² q8 denoise 2-4 % faster with 32 than with 16.
   static constexpr int kAPf = 32;
 
-  // ref::quantize_row_int8 into K bytes of u8 = q + 128 (and Kp − K pad bytes of 0x80), 16 floats
-  // at a time. The quotient x / s is formed in double as x · (1 / s) and rounded to float: that
-  // float equals the float32 quotient x / s bit for bit, so q does too, at ~half the cost of
-  // vdivps (which bound this loop). Why it is exact: with x = X·2^a and s = S·2^b (X, S < 2^24),
-  // x / s can never equal a midpoint between two floats (M·2^e with M odd, M ≥ 2^24 would have to
-  // divide X), and its relative distance from the nearest one is at least 2^-49 — while the double
-  // product's relative error is below 2^-52. So both round to the same float. (Quotients below
-  // 2^-126, where midpoints are coarser, are far below 0.5 and give q = 0 either way.)
+  // ref::quantize_row_int8 into K bytes of u8 = q + 128 (and Kp − K pad bytes of 0x80).
   static void quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* q, float* s_out) {
-    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    __m512 mx = _mm512_setzero_ps(), m1 = mx, m2 = mx, m3 = mx;  // four chains: vmaxps latency
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-      mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), abs_mask));
-      m1 = _mm512_max_ps(m1, _mm512_and_ps(_mm512_loadu_ps(x + k + 16), abs_mask));
-      m2 = _mm512_max_ps(m2, _mm512_and_ps(_mm512_loadu_ps(x + k + 32), abs_mask));
-      m3 = _mm512_max_ps(m3, _mm512_and_ps(_mm512_loadu_ps(x + k + 48), abs_mask));
-    }
-    mx = _mm512_max_ps(_mm512_max_ps(mx, m1), _mm512_max_ps(m2, m3));
-    for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), abs_mask));
-    if (k < K) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(col_mask(static_cast<int>(K - k)), x + k), abs_mask));
-    const float amax = _mm512_reduce_max_ps(mx);
-    const float s = amax / 127.0f;
-    *s_out = s;
-    if (!(s > 0.0f)) {
-      std::memset(q, 0x80, Kp);
-      return;
-    }
-    const __m512d r = _mm512_set1_pd(1.0 / static_cast<double>(s));
-    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-    const __m128i flip = _mm_set1_epi8(static_cast<char>(0x80));
-    for (k = 0; k < K; k += 16) {
-      const __mmask16 m = col_mask(static_cast<int>(std::min<int64_t>(16, K - k)));
-      const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-      const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), r));
-      const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), r));
-      __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(f0), f1, 1);
-      f = _mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512i i = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(f, lo), hi));  // integral: exact
-      _mm_mask_storeu_epi8(q + k, m, _mm_xor_si128(_mm512_cvtepi32_epi8(i), flip));  // |i| ≤ 127: exact
-    }
-    for (k = K; k < Kp; ++k) q[k] = 0x80;
+    quantize_row_int8_z(x, K, Kp, q, s_out, 0x80);
   }
 
   // Σ of the n int8 (n a multiple of 4): vpdpbusd with all-ones u8, four chains (one chain was

@@ -36,6 +36,15 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
+namespace amx {  // Isa::kAmx: tile products (gemm_amx.cpp)
+// Q8_ROW, W8A8 with tdpbssd: bit-identical to ref::linear_w8a8, as avx512vnni::linear_q8.
+void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Float weight formats, bf16 with tdpbf16ps: x and W rounded to bf16, float32 sums
+// (ref::linear_bf16's arithmetic, as avx512bf16::linear).
+void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy);
+}
 namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);

@@ -1,0 +1,270 @@
+// AMX GEMMs (Precision::kFast): W8A8 for Q8_ROW weights with tdpbssd, and bf16 for the float
+// weight formats with tdpbf16ps. One tile is 16 rows × 64 bytes; a tdpbssd multiplies a 16 × 64
+// int8 tile by a 64 × 16 one (16 384 multiply-adds), 4× what a core's vpdpbusd zmm does in the
+// same time (measured here: ~3 000 against ~750 GOP/s per core), and tdpbf16ps ~19× vdpbf16ps.
+//
+// Design, as the VNNI direct driver (gemm_int8_direct.h): the weights are read where they lie and
+// the tiles compute yᵀ. A tile's A operand is 16 rows × 64 bytes with any row stride, which is
+// exactly 16 weight rows [N, K] in place (64 int8, or 32 bf16, of K each); its B operand wants
+// 4-byte units of K down its rows and 16 columns across — the activations, packed once per call
+// as [blocks of 32 rows][K units][32] (gemm_units.h's units: 4 int8 or 2 bf16). So each tile
+// product is C[16 weight rows][16 activation rows] += W · xᵀ, and no weight byte is packed (a
+// packed-panel design transposes every weight unit per call, ~14 % of a VNNI W8A8 GEMM, which
+// would be ~4× that next to AMX's arithmetic).
+//
+// Micro-kernel: 32 weight rows × 32 activation rows, 2 × 2 tiles: per 64 bytes of K two weight
+// tiles (tmm4, tmm5) and two activation tiles (tmm6, tmm7) are loaded and four products
+// accumulate into tmm0..3 (the 8 tiles AMX has). The int32 (or float) sums are stored to a
+// 32 × 32 scratch and the epilogue transposes them (16 × 16 zmm transposes) into rows of y.
+//
+// Numerics. int8: x is quantized exactly as ref::quantize_row_int8 (as signed bytes: tdpbssd
+// multiplies s8 × s8, so unlike vpdpbusd no +128 correction), the int32 sums are exact, and the
+// rescale is y = (float(acc) · s_x) · s_w + bias in float32 steps — bit for bit ref::linear_w8a8
+// (this file is compiled with -ffp-contract=off). bf16: x and W rounded to bf16 (RNE), products
+// exact in float32, sums in float32 by the tile unit (which flushes denormals, as vdpbf16ps), so
+// the result equals ref::linear_bf16 up to float32 summation error.
+//
+// Edges: K is padded to whole 64-byte steps — the activations with zeros when packed, the last
+// partial step of each weight row through a zero-padded copy of that step (the tile would read
+// past the row, and for bf16 past-the-row bytes could be NaN, which times 0 is NaN); column groups
+// of fewer than 32 rows, and weight formats the tiles cannot read (F32/F16 for bf16), go through
+// a converted zero-padded copy of the slab; rows past M are zero in the packed activations and
+// never stored.
+//
+// The OS must grant AMX state per process (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM), done once by
+// CpuFeatures::host(), which only reports AMX when it was granted); the tile configuration is
+// per thread and loaded at the start of every block.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/avx512_convert.h"
+#include "kernels/cpu/gemm_avx512_common.h"
+#include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/gemm_units.h"
+
+namespace klein::kernels::amx {
+namespace {
+
+constexpr int kMR = 32;               // activation rows per micro-kernel (two B tiles)
+constexpr int kNR = 32;               // weight rows (columns of y) per micro-kernel (two A tiles)
+constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 bytes)
+constexpr int64_t kSlabMax = 128;     // most weight rows per slab (a multiple of kNR)
+constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
+
+// Palette 1, all 8 tiles 16 rows × 64 bytes (the layout of the 64-byte ldtilecfg operand).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
+  }
+};
+
+inline void configure_tiles() {
+  static const TileConfig cfg;
+  _tile_loadconfig(&cfg);
+}
+
+// The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart, each readable
+// for `steps` whole 64-byte steps, then (when `tail` is set) one more step from tail[row][64].
+struct SlabRows {
+  const uint8_t* rows = nullptr;
+  int64_t ld = 0, steps = 0;
+  const uint8_t* tail = nullptr;  // [slab rows][64], the last partial step zero-padded
+  bool in_place = false;          // rows are the weight's own storage
+};
+
+// Sums of a 32 × 32 block, all K: c[n][m] (n: weight row, m: activation row), 32 × 4 bytes apart.
+// a: the block's packed activations [KU][32] units (KU a multiple of kStepUnits).
+template <bool kInt8>
+__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t steps, const uint8_t* tail,
+                                          const uint32_t* a, void* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  auto step = [&](const uint8_t* wp, int64_t ld, const uint32_t* ap) {
+    _tile_loadd(4, wp, ld);
+    _tile_loadd(5, wp + 16 * ld, ld);
+    _tile_loadd(6, ap, kMR * 4);
+    _tile_loadd(7, ap + 16, kMR * 4);
+    if constexpr (kInt8) {
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  };
+  for (int64_t s = 0; s < steps; ++s) step(w + s * 64, ldw, a + s * kStepUnits * kMR);
+  if (tail) step(tail, 64, a + steps * kStepUnits * kMR);
+  uint8_t* cb = static_cast<uint8_t*>(c);
+  _tile_stored(0, cb, kMR * 4);                        // n 0-15,  m 0-15
+  _tile_stored(1, cb + 64, kMR * 4);                   // n 0-15,  m 16-31
+  _tile_stored(2, cb + 16 * kMR * 4, kMR * 4);         // n 16-31, m 0-15
+  _tile_stored(3, cb + 16 * kMR * 4 + 64, kMR * 4);    // n 16-31, m 16-31
+}
+
+// y[rows × cols] from the block sums c[n][m]: per 16 × 16 quarter, transpose to rows of y, then
+// int8: (float(acc) · sx[m]) · sw[n] + bias[n]; bf16: acc + bias[n].
+template <bool kInt8>
+void epilogue(const void* c, int rows, int cols, const float* sx, const float* sw, const float* bias, float* y,
+              int64_t ldy) {
+  const uint32_t* cw = static_cast<const uint32_t*>(c);
+  for (int g = 0; g * 16 < cols; ++g) {
+    const __mmask16 cm = col_mask(cols - g * 16);
+    const __m512 vb = bias ? _mm512_maskz_loadu_ps(cm, bias + g * 16) : _mm512_setzero_ps();
+    const __m512 vw = kInt8 ? _mm512_maskz_loadu_ps(cm, sw + g * 16) : _mm512_setzero_ps();
+    for (int h = 0; h * 16 < rows; ++h) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(cw + (g * 16 + i) * kMR + h * 16);
+      transpose16x16_epi32(r);  // r[i]: activation row h·16 + i, weight rows g·16 ..
+      const int n = std::min(16, rows - h * 16);
+      for (int i = 0; i < n; ++i) {
+        __m512 v;
+        if constexpr (kInt8) {
+          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]));
+          v = _mm512_add_ps(_mm512_mul_ps(t, vw), vb);
+        } else {
+          v = _mm512_add_ps(_mm512_castsi512_ps(r[i]), vb);
+        }
+        _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + g * 16, cm, v);
+      }
+    }
+  }
+}
+
+// The tiles' view of weight rows [r0, r0 + n): in place when the format is the tiles' own and n
+// fills whole 32-row groups, else a converted copy (zero-padded to 32-row groups and 64-byte
+// steps). row_bytes = bytes of K per row in the tiles' element type.
+template <bool kInt8>
+SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t row_bytes, UnitScratch& conv,
+                   UnitScratch& tails) {
+  const int64_t step_bytes = kStepUnits * 4;
+  const bool native = kInt8 ? W.dtype == DType::kQ8Row : W.dtype == DType::kBF16;
+  SlabRows s;
+  if (native && n % kNR == 0) {
+    s.rows = static_cast<const uint8_t*>(W.data) + r0 * row_bytes;
+    s.ld = row_bytes;
+    s.steps = row_bytes / step_bytes;
+    s.in_place = true;
+    const int64_t rem = row_bytes % step_bytes;
+    if (rem) {
+      uint8_t* t = tails.get<uint8_t>(n * step_bytes);
+      std::memset(t, 0, n * step_bytes);
+      for (int64_t j = 0; j < n; ++j) std::memcpy(t + j * step_bytes, s.rows + j * s.ld + s.steps * step_bytes, rem);
+      s.tail = t;
+    }
+    return s;
+  }
+  const int64_t ld = (row_bytes + step_bytes - 1) / step_bytes * step_bytes;
+  const int64_t padded = (n + kNR - 1) / kNR * kNR;
+  uint8_t* d = conv.get<uint8_t>(padded * ld);
+  std::memset(d, 0, padded * ld);
+  if (native) {
+    for (int64_t j = 0; j < n; ++j) std::memcpy(d + j * ld, static_cast<const uint8_t*>(W.data) + (r0 + j) * row_bytes, row_bytes);
+  } else {  // bf16 tiles from F32 / F16 / ... weights: expanded to float32, rounded to bf16
+    static thread_local UnitScratch row;
+    float* f = row.get<float>(K);
+    for (int64_t j = 0; j < n; ++j) {
+      weight_row_f32(W, r0 + j, K, f);
+      f32_to_bf16_row(f, K, reinterpret_cast<uint16_t*>(d + j * ld));
+    }
+  }
+  s.rows = d;
+  s.ld = ld;
+  s.steps = ld / step_bytes;
+  return s;
+}
+
+// y[m0:m1, n0:n1] (m0 % kMR == 0): slabs of weight rows, each ≤ a quarter of the L2; per slab,
+// every 32-row activation block runs across the slab's 32-row groups (the slab stays in L2, the
+// block's 32 × K units in L1/L2).
+template <bool kInt8>
+void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
+               int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+  configure_tiles();
+  const int64_t row_bytes = kInt8 ? K : 2 * K;
+  const int64_t SL = std::clamp<int64_t>(l2_cache_bytes() / 4 / std::max<int64_t>(row_bytes, 1) / kNR * kNR, kNR, kSlabMax);
+  static thread_local UnitScratch conv, tails;
+  alignas(64) uint32_t c[kNR * kMR];
+  alignas(64) float sw[kSlabMax];
+  for (int64_t sb = n0; sb < n1; sb += SL) {
+    const int64_t sn = std::min(SL, n1 - sb);
+    const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv, tails);
+    if constexpr (kInt8)
+      for (int64_t j = 0; j < sn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
+    // The next slab's rows stream into L2 during this slab's tiles (as the VNNI driver does),
+    // when they too are read in place.
+    const int64_t next = s.in_place ? std::clamp<int64_t>(n1 - sb - SL, 0, SL) : 0;
+    const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNR - 1) / kNR);
+    SlicePrefetch pf(next > 0 ? s.rows + SL * row_bytes : s.rows, row_bytes, next, row_bytes, tiles);
+    for (int64_t m = m0; m < m1; m += kMR) {
+      const uint32_t* a = qa + (m / kMR) * KU * kMR;
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
+      for (int64_t nb = 0; nb < sn; nb += kNR) {
+        pf.step();
+        tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, s.steps, s.tail ? s.tail + nb * 64 : nullptr, a, c);
+        epilogue<kInt8>(c, rows, static_cast<int>(std::min<int64_t>(kNR, sn - nb)), sx + m, sw + nb,
+                        bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
+      }
+    }
+  }
+}
+
+// The whole linear (kernels.h semantics): x packed into [blocks][KU][32] units (int8: quantized
+// per row; bf16: rounded), K padded with zeros to whole tile steps, then amx_block over a split.
+template <bool kInt8>
+void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y, ThreadPool& pool,
+                int64_t ldx, int64_t ldy) {
+  const int64_t elems_per_unit = kInt8 ? 4 : 2;
+  const int64_t KU = ((K + elems_per_unit - 1) / elems_per_unit + kStepUnits - 1) / kStepUnits * kStepUnits;
+  const int64_t blocks = (M + kMR - 1) / kMR;
+  static thread_local UnitScratch qa_buf, sx_buf;
+  uint32_t* qa = qa_buf.get<uint32_t>(blocks * KU * kMR);
+  float* sx = sx_buf.get<float>(blocks * kMR);
+  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    static thread_local UnitScratch rows_buf;
+    uint8_t* rows = rows_buf.get<uint8_t>(kMR * KU * 4);  // [32][KU · 4 bytes], row-major
+    for (int64_t b = b0; b < b1; ++b) {
+      const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
+      for (int r = 0; r < n; ++r) {
+        const float* xr = x + (b * kMR + r) * ldx;
+        uint8_t* d = rows + r * KU * 4;
+        if constexpr (kInt8) {
+          quantize_row_int8_z(xr, K, KU * 4, d, &sx[b * kMR + r], 0);
+        } else {
+          f32_to_bf16_row(xr, K, reinterpret_cast<uint16_t*>(d));
+          std::memset(d + K * 2, 0, KU * 4 - K * 2);
+        }
+      }
+      for (int r = n; r < kMR; ++r) sx[b * kMR + r] = 0.0f;
+      pack_units_z(rows, KU * 4, n, 0, KU, qa + b * KU * kMR);  // zero above row n
+    }
+  });
+  split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    amx_block<kInt8>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy);
+  });
+}
+
+}  // namespace
+
+void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  amx_linear<true>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+}
+
+void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  amx_linear<false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+}
+
+}  // namespace klein::kernels::amx
