@@ -52,6 +52,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "io/atomic_file.h"
+#include "io/safetensors_writer.h"
 
 namespace fs = std::filesystem;
 using klein::DType;
@@ -333,7 +334,7 @@ struct Writer {
       off += n;
     }
     std::string hs = h.dump();
-    hs.append((8 - hs.size() % 8) % 8, ' ');
+    klein::pad_safetensors_header(hs);
 
     return klein::write_file_atomic(path, [&](std::FILE* f) {
       uint8_t len[8];

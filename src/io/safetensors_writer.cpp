@@ -18,7 +18,7 @@ Status write_safetensors(const std::filesystem::path& path, const std::vector<Te
     off += n;
   }
   std::string hs = h.dump();
-  hs.append((8 - hs.size() % 8) % 8, ' ');
+  pad_safetensors_header(hs);
   return write_file_atomic(path, [&](std::FILE* f) {
     uint8_t len[8];
     uint64_t L = hs.size();

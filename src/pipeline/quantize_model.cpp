@@ -17,6 +17,7 @@
 #include "io/json_file.h"
 #include "io/model_folder.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -204,7 +205,7 @@ std::string header_of(const std::vector<Plan>& plans) {
       off += t.nbytes;
     }
   std::string s = h.dump();
-  s.append((8 - s.size() % 8) % 8, ' ');
+  pad_safetensors_header(s);
   return s;
 }
 
