@@ -31,14 +31,13 @@
 // a converted zero-padded copy of the slab; rows past M are zero in the packed activations and
 // never stored.
 //
-// The OS must grant AMX state per process (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM), done once by
-// CpuFeatures::host(), which only reports AMX when it was granted); the tile configuration is
-// per thread and loaded at the start of every block.
+// Tile set-up: amx_common.h (loaded at the start of every block).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/amx_common.h"
 #include "kernels/cpu/avx512_convert.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -52,22 +51,6 @@ constexpr int kNR = 32;               // weight rows (columns of y) per micro-ke
 constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 bytes)
 constexpr int64_t kSlabMax = 128;     // most weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
-
-// Palette 1, all 8 tiles 16 rows × 64 bytes (the layout of the 64-byte ldtilecfg operand).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  TileConfig() {
-    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
-  }
-};
-
-inline void configure_tiles() {
-  static const TileConfig cfg;
-  _tile_loadconfig(&cfg);
-}
 
 // The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart, each readable
 // for `steps` whole 64-byte steps, then (when `tail` is set) one more step from tail[row][64].
@@ -203,7 +186,7 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
 template <bool kInt8>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
-  configure_tiles();
+  amx_configure_tiles();
   const int64_t row_bytes = kInt8 ? K : 2 * K;
   const int64_t SL = std::clamp<int64_t>(l2_cache_bytes() / 4 / std::max<int64_t>(row_bytes, 1) / kNR * kNR, kNR, kSlabMax);
   static thread_local UnitScratch conv, tails;

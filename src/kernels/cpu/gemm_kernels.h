@@ -44,6 +44,11 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 // (ref::linear_bf16's arithmetic, as avx512bf16::linear).
 void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Flash attention with bf16 tile products (ref::attention_bf16's arithmetic, as
+// avx512bf16::attention; attention_amx.cpp).
+void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
+               int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool, int64_t ldq, int64_t ldk,
+               int64_t ldv, int64_t ldo);
 }
 namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
