@@ -133,10 +133,11 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, gemm);
     // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16 and its bf16 dot
-    // products out-run float32 FMA.
+    // products out-run float32 FMA, or has AMX (whose tiles do).
     const KernelSet fast = KernelSet::select(CpuFeatures::host(), Isa::kCount, kernels::Precision::kFast);
     EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).fast,
-              CpuFeatures::host().has(Isa::kAvx512Bf16) && !CpuFeatures::host().bf16_dot_slow);
+              (CpuFeatures::host().has(Isa::kAvx512Bf16) && !CpuFeatures::host().bf16_dot_slow) ||
+                  CpuFeatures::host().has(Isa::kAmx));
     EXPECT_EQ(best.get(Op::kElementwise, DType::kF32).isa, gemm);  // AVX-512 where the CPU has it
     EXPECT_EQ(&best.eltwise(), best.get(Op::kElementwise, DType::kF32).eltwise);
     // An ISA with no kernels of its own falls back to the next lower one that has them.
@@ -213,8 +214,8 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(named.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_avx512bf16");
-  // With AMX (Intel), the tile kernels take Q8_ROW, the float formats and attention under kFast,
-  // also in the automatic choice; Q4_G64 keeps its kernel.
+  // With AMX (Intel), the tile kernels take Q8_ROW, the float formats, attention and convs under
+  // kFast, also in the automatic choice; Q4_G64 keeps its kernel.
   CpuFeatures amx = intel;
   amx.amx = true;
   const KernelSet f_amx = KernelSet::select(amx, Isa::kCount, kernels::Precision::kFast);
@@ -223,7 +224,7 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_amx");
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kF32).name, "gemm_bf16_amx");
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");
-  EXPECT_EQ(f_amx.get(Op::kConv2d, DType::kBF16).name, "conv2d_avx512");
+  EXPECT_EQ(f_amx.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_amx");
   EXPECT_EQ(f_amx.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_amx");
   EXPECT_EQ(KernelSet::select(amx, Isa::kCount).get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
   EXPECT_EQ(KernelSet::select(amx, Isa::kAvx512Vnni, kernels::Precision::kFast).get(Op::kLinear, DType::kQ8Row).name,

@@ -77,14 +77,18 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
-  // AMX: int8 tiles for Q8_ROW, bf16 tiles for the float formats (Q4_G64 stays on VNNI) and for
-  // attention.
+  // AMX: int8 tiles for Q8_ROW, bf16 tiles for the float formats (Q4_G64 stays on VNNI), for
+  // attention and for the VAE's convs.
   add_linear(Isa::kAmx, DType::kQ8Row, "gemm_int8_amx", amx::linear_q8, true);
   for (const FormatTraits& f : format_table())
     if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64)
       add_linear(Isa::kAmx, f.id, "gemm_bf16_amx", amx::linear_bf16, true);
   t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = Isa::kAmx, .name = "flash_attention_bf16_amx",
                .fast = true, .attention = amx::attention});
+  for (const FormatTraits& f : format_table())
+    if (f.is_weight)
+      t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAmx, .name = "conv2d_bf16_amx", .fast = true,
+                   .conv2d = amx::conv2d});
 #endif
   return t;
 }

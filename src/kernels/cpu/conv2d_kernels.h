@@ -1,5 +1,5 @@
 // Entry points of the x86 conv2d kernels: the AVX2/FMA implicit GEMM (conv2d_avx2.cpp), and the
-// AVX-512 ones (conv2d_avx512*.cpp). x86-64 only; the kernel registry's Isa::kAvx2 /
+// AVX-512 ones (conv2d_avx512*.cpp), and the AMX one (conv2d_amx.cpp). x86-64 only; the kernel registry's Isa::kAvx2 /
 // kAvx512 / kAvx512Bf16 conv2d rows, called by run_conv2d with validated arguments:
 // as kernels::conv2d, OH/OW precomputed and ≥ 1; Cin, H, W ≥ 1.
 #pragma once
@@ -31,5 +31,12 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool);
 }  // namespace avx512bf16
+
+namespace amx {  // Isa::kAmx, fast: avx512bf16::conv2d's arithmetic with tdpbf16ps tile products
+                 // on its stride-1 direct path (conv2d_amx.cpp)
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+            const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
+            ThreadPool& pool);
+}  // namespace amx
 
 }  // namespace klein::kernels

@@ -1,0 +1,141 @@
+// AMX conv2d (Precision::kFast): the AVX512_BF16 conv's arithmetic (input after the prologue and
+// weights rounded to bf16, float32 sums: ref::conv2d_bf16) with tdpbf16ps tile products.
+//
+// Stride-1 convs run the direct algorithm of conv2d_avx512bf16.cpp on its operands
+// (conv2d_bf16_direct.h): per band of output rows the strip S[channel pair][row][x] of bf16 pair
+// units, and the weight as units [Cout][chunk][tap][pair]. For 32 output channels × 32 output
+// pixels of one row, 2 × 2 tiles accumulate over every chunk, tap and 16 channel pairs:
+//   A tile = 16 output channels × 16 pair units of one tap  (weight rows in place, stride U units)
+//   B tile = 16 pair units × 16 pixels: S rows of 16 channel pairs at row oy + ky, columns
+//            x + kx .. x + kx + 15 (stride one channel-pair plane, R·LD units)
+// so the im2col is never formed and the tiles read both operands where they lie. The sums start
+// from the output (the bias, or what is accumulated onto) and go back to it through a 32 × 32
+// scratch, so partial tiles (edges of OW and Cout) need no special path. The channel pairs are
+// padded to whole 16-pair steps, Cout to whole 32-row blocks (zero weights).
+// Strided convs (the encoder's downsamplers) and the few-output-channel ones keep the
+// AVX512_BF16 conv's paths (the im2col GEMM on vdpbf16ps; the float32 direct conv).
+#include "kernels/cpu/amx_common.h"
+#include "kernels/cpu/avx512bf16_dot.h"
+#include "kernels/cpu/conv2d_avx512_common.h"
+#include "kernels/cpu/conv2d_bf16_direct.h"
+
+namespace klein::kernels::amx {
+namespace {
+
+// Accumulator tiles 0..3 (32 co × 32 pixels) += one chunk's products over every tap and its cpc
+// pairs; a = the weight units of row co at this chunk ([tap][cpc] units, rows U apart), s = S
+// at (the chunk's first pair, row oy − oy0, column x), tap (ky, kx) at s + toff[t].
+void conv_tile(const uint32_t* a, int64_t U, int64_t cpc, const uint32_t* s, int64_t plane, const int64_t* toff,
+               int64_t T) {
+  for (int64_t t = 0; t < T; ++t) {
+    const uint32_t* at = a + t * cpc;
+    const uint32_t* st = s + toff[t];
+    for (int64_t i = 0; i < cpc; i += 16) {
+      _tile_loadd(4, at + i, U * 4);
+      _tile_loadd(5, at + 16 * U + i, U * 4);
+      _tile_loadd(6, st + i * plane, plane * 4);
+      _tile_loadd(7, st + i * plane + 16, plane * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+}
+
+void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                   const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], KH = w.shape[2], KW = w.shape[3], T = KH * KW;
+  const int64_t CP = ((Cin + 1) / 2 + 15) / 16 * 16;  // channel pairs, whole tile steps
+  const int64_t U = T * CP, P = OH * OW, CoutP = (Cout + 31) / 32 * 32;
+  std::vector<uint16_t> wd = direct_weights(w, Cout, Cin, T, CP, pool);
+  wd.resize(static_cast<size_t>(CoutP * U * 2), 0);  // zero rows up to whole 32-row blocks
+  const auto* A = reinterpret_cast<const uint32_t*>(wd.data());
+  std::vector<float> bvec(Cout, 0.0f);
+  const bool has_bias = bias && !bias->empty();
+  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
+
+  const int64_t n_xt = (OW + 31) / 32;
+  const int64_t LD = (n_xt * 32 + KW - 1 + 15) / 16 * 16;
+  const int64_t band = std::clamp<int64_t>(kStripBytes / (CP * LD * 4) - (KH - 1), 1, OH);
+  const int64_t n_band = (OH + band - 1) / band;
+  const int64_t n_blk = CoutP / 32;
+  const int64_t want = 4 * static_cast<int64_t>(pool.size());
+  const int64_t n_cc = std::clamp<int64_t>((want + n_band - 1) / n_band, 1, n_blk);
+  const int64_t cc_rows = (n_blk + n_cc - 1) / n_cc * 32;
+  const int64_t n_tasks = n_band * n_cc;
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      amx_configure_tiles();
+      static thread_local UnitScratch strip_buf;
+      alignas(64) float cbuf[32 * 32];
+      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+        const int64_t bi = t / n_cc, cc = t % n_cc;
+        const int64_t oy0 = bi * band, rows_b = std::min(band, OH - oy0), R = rows_b + KH - 1;
+        const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        if (c0 >= c1) continue;
+        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
+        build_strip(g, CP, oy0, R, LD, S);
+        for (int64_t co = c0; co < c1; ++co) {
+          float* row = o + co * P + oy0 * OW;
+          if (!p.accumulate) {
+            std::fill(row, row + rows_b * OW, bvec[co]);
+          } else if (has_bias) {
+            for (int64_t j = 0; j < rows_b * OW; ++j) row[j] += bvec[co];
+          }
+        }
+        int64_t toff[64];  // tap (ky, kx) → offset in S (T ≤ 64: the caller checks)
+        for (int64_t ky = 0; ky < KH; ++ky)
+          for (int64_t kx = 0; kx < KW; ++kx) toff[ky * KW + kx] = ky * LD + kx;
+        for (int64_t co = c0; co < c1; co += 32) {
+          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+          for (int64_t rr = 0; rr < rows_b; ++rr)
+            for (int64_t xt = 0; xt < n_xt; ++xt) {
+              const int64_t x0 = xt * 32;
+              const int ncol = static_cast<int>(std::min<int64_t>(32, OW - x0));
+              float* ob = o + co * P + (oy0 + rr) * OW + x0;
+              const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
+              for (int r = 0; r < 32; ++r) {
+                const bool in = r < nr;
+                _mm512_store_ps(cbuf + r * 32, in ? _mm512_maskz_loadu_ps(m0, ob + r * P) : _mm512_setzero_ps());
+                _mm512_store_ps(cbuf + r * 32 + 16, in ? _mm512_maskz_loadu_ps(m1, ob + r * P + 16) : _mm512_setzero_ps());
+              }
+              _tile_loadd(0, cbuf, 128);
+              _tile_loadd(1, cbuf + 16, 128);
+              _tile_loadd(2, cbuf + 16 * 32, 128);
+              _tile_loadd(3, cbuf + 16 * 32 + 16, 128);
+              for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
+                const int64_t cpc = std::min(kCPC, CP - cp0);
+                conv_tile(A + co * U + T * cp0, U, cpc, S + (cp0 * R + rr) * LD + x0, R * LD, toff, T);
+              }
+              _tile_stored(0, cbuf, 128);
+              _tile_stored(1, cbuf + 16, 128);
+              _tile_stored(2, cbuf + 16 * 32, 128);
+              _tile_stored(3, cbuf + 16 * 32 + 16, 128);
+              for (int r = 0; r < nr; ++r) {
+                _mm512_mask_storeu_ps(ob + r * P, m0, _mm512_load_ps(cbuf + r * 32));
+                if (ncol > 16) _mm512_mask_storeu_ps(ob + r * P + 16, m1, _mm512_load_ps(cbuf + r * 32 + 16));
+              }
+            }
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w, const Weight* bias,
+            float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
+  if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
+    conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
+  else
+    conv2d_zmm<Bf16Dot>(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
+}
+
+}  // namespace klein::kernels::amx

@@ -1,0 +1,132 @@
+// The stride-1 direct bf16 conv's operands, shared by the AVX512_BF16 conv (conv2d_avx512bf16.cpp,
+// whose top comment describes the algorithm) and the AMX one (conv2d_amx.cpp): the weight
+// reordered into channel-pair units per chunk and tap, and the strip S of transformed input rows
+// as channel-pair units.
+//
+// Include ONLY from conv2d_avx512bf16.cpp / conv2d_amx.cpp: everything has internal linkage.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "core/weight.h"
+#include "kernels/cpu/avx512_convert.h"
+#include "kernels/cpu/conv2d_pack.h"
+
+namespace klein::kernels {
+namespace {
+
+constexpr int64_t kCPC = 64;                   // channel pairs per chunk: a sliver's A is 14·taps·64 units
+constexpr int64_t kStripBytes = int64_t{512} << 10;
+
+// The weight as bf16 pair units [Cout][T·CP], chunk-major (see top); zero past Cin (CP may be
+// padded past Cin / 2: those pairs are zero).
+std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t T, int64_t CP,
+                                     ThreadPool& pool) {
+  const int64_t U = T * CP, K = Cin * T;
+  std::vector<uint16_t> out(static_cast<size_t>(Cout * U * 2), 0);
+  pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
+    std::vector<float> f(K);
+    std::vector<uint16_t> h(K);
+    for (int64_t co = b; co < e; ++co) {
+      weight_row_f32(w, co, K, f.data());  // [Cin][T]
+      f32_to_bf16_row(f.data(), K, h.data());
+      uint16_t* d = out.data() + co * U * 2;
+      for (int64_t ch = 0; ch * kCPC < CP; ++ch) {
+        const int64_t cp0 = ch * kCPC, cpc = std::min(kCPC, CP - cp0);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < cpc; ++i) {
+            const int64_t c = 2 * (cp0 + i), u = T * cp0 + t * cpc + i;
+            d[2 * u] = c < Cin ? h[c * T + t] : uint16_t{0};
+            d[2 * u + 1] = c + 1 < Cin ? h[(c + 1) * T + t] : uint16_t{0};
+          }
+      }
+    }
+  });
+  return out;
+}
+
+// e^x for 16 lanes, as conv_exp8 (conv2d_pack.h) on zmm.
+inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+// 16 values of channel c at frame row iy, columns ix0 .. ix0 + 15 (lanes outside the image 0):
+// read through the ×2 upsampling, the prologue applied (as transform_run).
+inline __m512 frame16(const ConvGeom& g, int64_t c, int64_t iy, int64_t ix0, __mmask16 valid) {
+  const float* src = g.x + (c * g.H + (g.up ? iy >> 1 : iy)) * g.W;
+  __m512 v;
+  if (!g.up) {
+    v = _mm512_maskz_loadu_ps(valid, src + ix0);
+  } else {
+    // Lane l reads src[(ix0 + l) >> 1] = src[base + idx[l]]: one load of 16 from base, permuted.
+    const int64_t base = ix0 >> 1;  // arithmetic shift: −1 for ix0 = −1
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i idx = _mm512_sub_epi32(_mm512_srai_epi32(_mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(ix0)), lane), 1),
+                                         _mm512_set1_epi32(static_cast<int>(base)));
+    const int64_t lo = std::max<int64_t>(0, -base), hi = std::min<int64_t>(16, g.W - base);
+    const __mmask16 in = lo < hi ? static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+    v = _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(in, src + base));
+  }
+  if (g.prologue) {
+    v = _mm512_fmadd_ps(v, _mm512_set1_ps(g.scale ? g.scale[c] : 1.0f), _mm512_set1_ps(g.shift ? g.shift[c] : 0.0f));
+    if (g.silu) {
+      // v / (1 + e^-v) with the reciprocal by vrcp14ps and one Newton step (≤ 2 ulp; the value is
+      // rounded to bf16 next), much cheaper than vdivps on zmm.
+      const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), v)));
+      __m512 inv = _mm512_rcp14_ps(den);
+      inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(den, inv, _mm512_set1_ps(2.0f)));
+      v = _mm512_mul_ps(v, inv);
+    }
+  }
+  return _mm512_maskz_mov_ps(valid, v);  // the padding is zero after the prologue
+}
+
+// S[cp][r][0, LD): frame rows iy = oy0 − pt + r (r < R), column x ↔ ix = x − pl; transformed,
+// rounded to bf16 pairs, zero outside the image. One pass: no float copy of the rows.
+void build_strip(const ConvGeom& g, int64_t CP, int64_t oy0, int64_t R, int64_t LD, uint32_t* S) {
+  for (int64_t cp = 0; cp < CP; ++cp)
+    for (int64_t r = 0; r < R; ++r) {
+      uint32_t* d = S + (cp * R + r) * LD;
+      const int64_t iy = oy0 - g.pt + r;
+      if (iy < 0 || iy >= g.Hu || 2 * cp >= g.Cin) {  // outside the frame, or a padding pair
+        std::memset(d, 0, LD * sizeof(uint32_t));
+        continue;
+      }
+      const int64_t c = 2 * cp;
+      for (int64_t x = 0; x < LD; x += 16) {
+        const int64_t ix0 = x - g.pl;
+        const int64_t lo = std::max<int64_t>(0, -ix0), hi = std::min<int64_t>(16, g.Wu - ix0);
+        if (lo >= hi) {
+          _mm512_storeu_si512(d + x, _mm512_setzero_si512());
+          continue;
+        }
+        const __mmask16 valid = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const __m512 v0 = frame16(g, c, iy, ix0, valid);
+        const __m512 v1 = c + 1 < g.Cin ? frame16(g, c + 1, iy, ix0, valid) : _mm512_setzero_ps();
+        _mm512_storeu_si512(d + x, f32x16x2_to_bf16_pairs(v0, v1));
+      }
+    }
+}
+
+}  // namespace
+}  // namespace klein::kernels
