@@ -214,8 +214,8 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(named.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_avx512bf16");
   EXPECT_EQ(named.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_avx512bf16");
-  // With AMX (Intel), the tile kernels take Q8_ROW, the float formats, attention and convs under
-  // kFast, also in the automatic choice; Q4_G64 keeps its kernel.
+  // With AMX (Intel), the tile kernels take every weight format, attention and convs under kFast,
+  // also in the automatic choice.
   CpuFeatures amx = intel;
   amx.amx = true;
   const KernelSet f_amx = KernelSet::select(amx, Isa::kCount, kernels::Precision::kFast);
@@ -223,7 +223,7 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ8Row).name, "gemm_int8_amx");
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_amx");
   EXPECT_EQ(f_amx.get(Op::kLinear, DType::kF32).name, "gemm_bf16_amx");
-  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");
+  EXPECT_EQ(f_amx.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_amx");
   EXPECT_EQ(f_amx.get(Op::kConv2d, DType::kBF16).name, "conv2d_bf16_amx");
   EXPECT_EQ(f_amx.get(Op::kAttention, DType::kF32).name, "flash_attention_bf16_amx");
   EXPECT_EQ(KernelSet::select(amx, Isa::kCount).get(Op::kLinear, DType::kBF16).name, "gemm_avx512");

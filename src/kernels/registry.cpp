@@ -77,9 +77,10 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
-  // AMX: int8 tiles for Q8_ROW, bf16 tiles for the float formats (Q4_G64 stays on VNNI), for
-  // attention and for the VAE's convs.
+  // AMX: int8 tiles for Q8_ROW and Q4_G64, bf16 tiles for the float formats, for attention and
+  // for the VAE's convs.
   add_linear(Isa::kAmx, DType::kQ8Row, "gemm_int8_amx", amx::linear_q8, true);
+  add_linear(Isa::kAmx, DType::kQ4G64, "gemm_w4a8_amx", amx::linear_q4, true);
   for (const FormatTraits& f : format_table())
     if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64)
       add_linear(Isa::kAmx, f.id, "gemm_bf16_amx", amx::linear_bf16, true);

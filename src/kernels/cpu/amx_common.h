@@ -9,7 +9,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+
+#include "kernels/cpu/gemm_avx512_common.h"
 
 namespace klein::kernels {
 namespace {
@@ -30,6 +33,24 @@ struct alignas(64) AmxTileConfig {
 inline void amx_configure_tiles() {
   static const AmxTileConfig cfg;
   _tile_loadconfig(&cfg);
+}
+
+// The AMX GEMMs compute yᵀ (tiles of weight rows × activation rows). A 32 × 32 block of 4-byte
+// sums c[n][m] (n: weight row, m: activation row; rows 32 values apart) goes out to y[m][n] for
+// m < rows, n < cols: per 16 × 16 quarter, 16 zmm transposed (transpose16x16_epi32), then
+// y[m][16q .. 16q + 15] = out(v, m, q) with v row m's 16 sums along n.
+template <class Out>
+inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y, int64_t ldy, const Out& out) {
+  for (int q = 0; q * 16 < cols; ++q) {
+    const __mmask16 cm = col_mask(cols - q * 16);
+    for (int h = 0; h * 16 < rows; ++h) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (q * 16 + i) * 32 + h * 16);
+      transpose16x16_epi32(r);
+      const int n = std::min(16, rows - h * 16);
+      for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + q * 16, cm, out(r[i], h * 16 + i, q));
+    }
+  }
 }
 
 }  // namespace

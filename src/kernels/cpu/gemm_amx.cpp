@@ -104,33 +104,25 @@ __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t
   _tile_stored(3, cb + 16 * kMR * 4 + 64, kMR * 4);    // n 16-31, m 16-31
 }
 
-// y[rows × cols] from the block sums c[n][m]: per 16 × 16 quarter, transpose to rows of y, then
-// int8: (float(acc) · sx[m]) · sw[n] + bias[n]; bf16: acc + bias[n].
+// y[rows × cols] from the block sums c[n][m] (amx_store_transposed): int8: (float(acc) · sx[m])
+// · sw[n] + bias[n]; bf16: acc + bias[n].
 template <bool kInt8>
-void epilogue(const void* c, int rows, int cols, const float* sx, const float* sw, const float* bias, float* y,
+void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const float* sw, const float* bias, float* y,
               int64_t ldy) {
-  const uint32_t* cw = static_cast<const uint32_t*>(c);
-  for (int g = 0; g * 16 < cols; ++g) {
-    const __mmask16 cm = col_mask(cols - g * 16);
-    const __m512 vb = bias ? _mm512_maskz_loadu_ps(cm, bias + g * 16) : _mm512_setzero_ps();
-    const __m512 vw = kInt8 ? _mm512_maskz_loadu_ps(cm, sw + g * 16) : _mm512_setzero_ps();
-    for (int h = 0; h * 16 < rows; ++h) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(cw + (g * 16 + i) * kMR + h * 16);
-      transpose16x16_epi32(r);  // r[i]: activation row h·16 + i, weight rows g·16 ..
-      const int n = std::min(16, rows - h * 16);
-      for (int i = 0; i < n; ++i) {
-        __m512 v;
-        if constexpr (kInt8) {
-          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]));
-          v = _mm512_add_ps(_mm512_mul_ps(t, vw), vb);
-        } else {
-          v = _mm512_add_ps(_mm512_castsi512_ps(r[i]), vb);
-        }
-        _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + g * 16, cm, v);
-      }
-    }
+  __m512 vb[2], vw[2];
+  for (int q = 0; q < 2; ++q) {
+    const __mmask16 cm = col_mask(std::max(0, cols - q * 16));
+    vb[q] = bias ? _mm512_maskz_loadu_ps(cm, bias + q * 16) : _mm512_setzero_ps();
+    vw[q] = kInt8 ? _mm512_maskz_loadu_ps(cm, sw + q * 16) : _mm512_setzero_ps();
   }
+  amx_store_transposed(c, rows, cols, y, ldy, [&](__m512i v, int m, int q) {
+    if constexpr (kInt8) {
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(sx[m]));
+      return _mm512_add_ps(_mm512_mul_ps(t, vw[q]), vb[q]);
+    } else {
+      return _mm512_add_ps(_mm512_castsi512_ps(v), vb[q]);
+    }
+  });
 }
 
 // The tiles' view of weight rows [r0, r0 + n): in place when the format is the tiles' own and n

@@ -44,6 +44,10 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 // (ref::linear_bf16's arithmetic, as avx512bf16::linear).
 void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Q4_G64, W4A8 with tdpbusd per group of 64 and the VNNI kernel's float32 folding (the same bits
+// as avx512vnni::linear_q4; gemm_w4a8_amx.cpp).
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
 // Flash attention with bf16 tile products (ref::attention_bf16's arithmetic, as
 // avx512bf16::attention; attention_amx.cpp).
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,

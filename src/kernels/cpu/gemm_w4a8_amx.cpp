@@ -1,0 +1,158 @@
+// AMX W4A8 GEMM for Q4_G64 weights (Precision::kFast): ref::linear_w4a8's arithmetic in the same
+// float32 steps as the VNNI and AVX2 W4A8 kernels (gemm_w4a8_common.h), so the same bits:
+// per output and group g, f = fma(float(A_g), s_g, f), f = fma(X_g, o_g, f); y = fma(f, s_x, bias).
+//
+// A group is 64 values of K = 64 bytes, exactly one tile step, and A_g = Σ nibble · q is what one
+// tdpbusd (unsigned × signed) sums. As the other AMX GEMMs (gemm_amx.cpp) the tiles compute yᵀ:
+//   A tiles = 16 weight rows × one group of unpacked nibbles (bytes 0..15; a slab of ≤ L2/4 rows
+//             is unpacked once per call into a scratch, row stride K),
+//   B tiles = one group of 16 activation rows' int8 (packed [blocks of 32][K/4][32] units),
+// 2 × 2 tiles per 32 weight rows × 32 activation rows. After each group the four int32 tiles
+// are stored and folded into float32 sums f[32 n][32 m] (in L1) with that group's per-row scale
+// and offset and the activation rows' group sums X_g; the fold, not the tile product, bounds
+// this kernel (~6 vector operations per 16 outputs per group against a quarter tdpbusd).
+// The epilogue transposes f into rows of y (amx_store_transposed).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/amx_common.h"
+#include "kernels/cpu/gemm_avx512_common.h"
+#include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/gemm_units.h"
+#include "kernels/cpu/q4_unpack.h"
+
+namespace klein::kernels::amx {
+namespace {
+
+constexpr int kMR = 32, kNR = 32;
+constexpr int64_t kSlabMax = 128;  // most weight rows per slab (a multiple of kNR)
+constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm)
+
+// Rows [r0, r0 + n) of W: nibbles → bytes [n][K], scales and offsets → float [n][G]; rows
+// from n up to whole 32-row groups are zero (weights, scales and offsets).
+void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, float* s, float* o) {
+  const int64_t K = W.cols(), G = K / 64, padded = (n + kNR - 1) / kNR * kNR;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2);
+    for (int64_t h = 0; h < K / 32; ++h)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wu + j * K + h * 32), q4_spread16(src + h * 16));
+    for (int64_t g = 0; g < G; ++g) {
+      s[j * G + g] = scale_at(W.scales, W.scale_dtype, (r0 + j) * G + g);
+      o[j * G + g] = scale_at(W.offsets, W.scale_dtype, (r0 + j) * G + g);
+    }
+  }
+  std::memset(wu + n * K, 0, (padded - n) * K);
+  std::fill(s + n * G, s + padded * G, 0.0f);
+  std::fill(o + n * G, o + padded * G, 0.0f);
+}
+
+// f[32 n][32 m] for 32 weight rows (wu, row stride K) × one 32-row activation block a ([K/4][32]
+// units), with per-row s, o ([32][G]) and the block's group sums xt ([G][32]).
+__attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t K, const uint32_t* a, const float* s,
+                                         const float* o, const float* xt, float* f, int32_t* c) {
+  const int64_t G = K / 64;
+  std::memset(f, 0, kNR * kMR * sizeof(float));
+  for (int64_t g = 0; g < G; ++g) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, wu + g * 64, K);
+    _tile_loadd(5, wu + 16 * K + g * 64, K);
+    _tile_loadd(6, a + g * 16 * kMR, kMR * 4);
+    _tile_loadd(7, a + g * 16 * kMR + 16, kMR * 4);
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+    _tile_stored(0, c, kMR * 4);
+    _tile_stored(1, c + 16, kMR * 4);
+    _tile_stored(2, c + 16 * kMR, kMR * 4);
+    _tile_stored(3, c + 16 * kMR + 16, kMR * 4);
+    const __m512 x0 = _mm512_loadu_ps(xt + g * kMR), x1 = _mm512_loadu_ps(xt + g * kMR + 16);
+    for (int n = 0; n < kNR; ++n) {
+      const __m512 sv = _mm512_set1_ps(s[n * G + g]), ov = _mm512_set1_ps(o[n * G + g]);
+      float* fr = f + n * kMR;
+      const int32_t* cr = c + n * kMR;
+      __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cr)), sv, _mm512_load_ps(fr));
+      __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cr + 16)), sv, _mm512_load_ps(fr + 16));
+      _mm512_store_ps(fr, _mm512_fmadd_ps(x0, ov, f0));
+      _mm512_store_ps(fr + 16, _mm512_fmadd_ps(x1, ov, f1));
+    }
+  }
+}
+
+void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0, int64_t m1, int64_t K,
+                const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+  amx_configure_tiles();
+  const int64_t G = K / 64, KU = K / 4;
+  const int64_t SL = std::clamp<int64_t>(l2_cache_bytes() / 4 / K / kNR * kNR, kNR, kSlabMax);
+  static thread_local UnitScratch wu_buf, so_buf;
+  uint8_t* wu = wu_buf.get<uint8_t>(SL * K);
+  float* s = so_buf.get<float>(2 * SL * G);
+  float* o = s + SL * G;
+  alignas(64) float f[kNR * kMR];
+  alignas(64) int32_t c[kNR * kMR];
+  for (int64_t sb = n0; sb < n1; sb += SL) {
+    const int64_t sn = std::min(SL, n1 - sb);
+    unpack_slab(W, sb, sn, wu, s, o);
+    for (int64_t m = m0; m < m1; m += kMR) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
+      for (int64_t nb = 0; nb < sn; nb += kNR) {
+        tile_fold(wu + nb * K, K, qa + (m / kMR) * KU * kMR, s + nb * G, o + nb * G, xt + (m / kMR) * G * kMR, f, c);
+        const int cols = static_cast<int>(std::min<int64_t>(kNR, sn - nb));
+        __m512 vb[2];
+        for (int q = 0; q < 2; ++q)
+          vb[q] = bias ? _mm512_maskz_loadu_ps(col_mask(std::max(0, cols - q * 16)), bias + sb + nb + q * 16)
+                       : _mm512_setzero_ps();
+        amx_store_transposed(reinterpret_cast<const uint32_t*>(f), rows, cols, y + m * ldy + sb + nb, ldy,
+                             [&](__m512i v, int r, int q) {
+                               return _mm512_fmadd_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(sx[m + r]), vb[q]);
+                             });
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const int64_t KU = K / 4, G = K / 64, blocks = (M + kMR - 1) / kMR;
+  static thread_local UnitScratch qa_buf, sx_buf, xt_buf;
+  uint32_t* qa = qa_buf.get<uint32_t>(blocks * KU * kMR);  // [blocks][KU][32] int8 units
+  float* sx = sx_buf.get<float>(blocks * kMR);              // row scales (0 for pad rows)
+  float* xt = xt_buf.get<float>(blocks * G * kMR);          // [blocks][G][32] group sums of q
+  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    static thread_local UnitScratch rows_buf;
+    uint8_t* rows = rows_buf.get<uint8_t>(kMR * K);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
+      float* xg = xt + b * G * kMR;
+      for (int r = 0; r < kMR; ++r) {
+        if (r >= n) {
+          sx[b * kMR + r] = 0.0f;
+          for (int64_t g = 0; g < G; ++g) xg[g * kMR + r] = 0.0f;
+          continue;
+        }
+        uint8_t* q = rows + r * K;
+        quantize_row_int8_z(x + (b * kMR + r) * ldx, K, K, q, &sx[b * kMR + r], 0);
+        for (int64_t g = 0; g < G; ++g) {  // Σ q over the group: exact in int32, then float
+          const __m512i v = _mm512_loadu_si512(q + g * 64);
+          const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v));
+          const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v, 1));
+          const __m512i w = _mm512_madd_epi16(_mm512_add_epi16(lo, hi), _mm512_set1_epi16(1));
+          xg[g * kMR + r] = static_cast<float>(_mm512_reduce_add_epi32(w));
+        }
+      }
+      pack_units_z(rows, K, n, 0, KU, qa + b * KU * kMR);
+    }
+  });
+  split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    w4a8_block(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy);
+  });
+}
+
+}  // namespace klein::kernels::amx
