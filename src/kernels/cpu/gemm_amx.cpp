@@ -49,7 +49,7 @@ namespace {
 constexpr int kMR = 32;               // activation rows per micro-kernel (two B tiles)
 constexpr int kNR = 32;               // weight rows (columns of y) per micro-kernel (two A tiles)
 constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 bytes)
-constexpr int64_t kSlabMax = 128;     // most weight rows per slab (a multiple of kNR)
+constexpr int64_t kSlabMax = 128;     // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
 
 // The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart, each readable
@@ -61,18 +61,28 @@ struct SlabRows {
   bool in_place = false;          // rows are the weight's own storage
 };
 
-// Sums of a 32 × 32 block, all K: c[n][m] (n: weight row, m: activation row), 32 × 4 bytes apart.
-// a: the block's packed activations [KU][32] units (KU a multiple of kStepUnits). pf->step()
-// once per kPfSteps steps: the driver's prefetch of the next slab, spread thin (all of a tile's
-// share at once stalled on the fill buffers: 38 % of the driver's samples sat on it).
+// Partial sums of a 32 × 32 block over tile steps [s0, s1) (and, when `tail` is set, the last
+// partial step from tail[32][64]): c[n][m] (n: weight row, m: activation row), 32 × 4 bytes
+// apart, start from `cin` (null: zero) and go to `cout`. a: the block's packed activations
+// [KU][32] units (KU a multiple of kStepUnits). pf->step() once per kPfSteps steps: the driver's
+// prefetch of the next slab, spread thin (all of a tile's share at once stalled on the fill
+// buffers: 38 % of the driver's samples sat on it).
 constexpr int64_t kPfSteps = 4;
 template <bool kInt8>
-__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t steps, const uint8_t* tail,
-                                          const uint32_t* a, SlicePrefetch* pf, void* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t s0, int64_t s1, const uint8_t* tail,
+                                          const uint32_t* a, SlicePrefetch* pf, const void* cin, void* cout) {
+  if (cin) {
+    const uint8_t* cb = static_cast<const uint8_t*>(cin);
+    _tile_loadd(0, cb, kMR * 4);
+    _tile_loadd(1, cb + 64, kMR * 4);
+    _tile_loadd(2, cb + 16 * kMR * 4, kMR * 4);
+    _tile_loadd(3, cb + 16 * kMR * 4 + 64, kMR * 4);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   auto step = [&](const uint8_t* wp, int64_t ld, const uint32_t* ap) {
     _tile_loadd(4, wp, ld);
     _tile_loadd(5, wp + 16 * ld, ld);
@@ -90,14 +100,14 @@ __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t
       _tile_dpbf16ps(3, 5, 7);
     }
   };
-  int64_t s = 0;
-  for (; s + kPfSteps <= steps; s += kPfSteps) {
+  int64_t s = s0;
+  for (; s + kPfSteps <= s1; s += kPfSteps) {
     pf->step();
     for (int64_t i = s; i < s + kPfSteps; ++i) step(w + i * 64, ldw, a + i * kStepUnits * kMR);
   }
-  for (; s < steps; ++s) step(w + s * 64, ldw, a + s * kStepUnits * kMR);
-  if (tail) step(tail, 64, a + steps * kStepUnits * kMR);
-  uint8_t* cb = static_cast<uint8_t*>(c);
+  for (; s < s1; ++s) step(w + s * 64, ldw, a + s * kStepUnits * kMR);
+  if (tail) step(tail, 64, a + s1 * kStepUnits * kMR);
+  uint8_t* cb = static_cast<uint8_t*>(cout);
   _tile_stored(0, cb, kMR * 4);                        // n 0-15,  m 0-15
   _tile_stored(1, cb + 64, kMR * 4);                   // n 0-15,  m 16-31
   _tile_stored(2, cb + 16 * kMR * 4, kMR * 4);         // n 16-31, m 0-15
@@ -172,36 +182,56 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
   return s;
 }
 
-// y[m0:m1, n0:n1] (m0 % kMR == 0): slabs of weight rows, each ≤ a quarter of the L2; per slab,
-// every 32-row activation block runs across the slab's 32-row groups (the slab stays in L2, the
-// block's 32 × K units in L1/L2).
+// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as a GotoBLAS GEMM: slabs of kSlabMax weight rows;
+// per slab, K in chunks whose rows fit a quarter of the L2 (the whole K for int8 rows up to
+// 4 KB); per chunk, every 32-row activation block runs across the slab's 32-row groups, the
+// partial sums of each (block, group) parked in `part` between chunks. Without the chunks, a
+// slab of long rows held few groups (32 rows at bf16 K = 9216) and every activation block was
+// streamed from L3 once per 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
 template <bool kInt8>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   amx_configure_tiles();
   const int64_t row_bytes = kInt8 ? K : 2 * K;
-  const int64_t SL = std::clamp<int64_t>(l2_cache_bytes() / 4 / std::max<int64_t>(row_bytes, 1) / kNR * kNR, kNR, kSlabMax);
-  static thread_local UnitScratch conv, tails;
+  const int64_t SL = kSlabMax;
+  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 4 / (SL * 64));  // tile steps per chunk
+  const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
+  static thread_local UnitScratch conv, tails, part_buf;
   alignas(64) uint32_t c[kNR * kMR];
   alignas(64) float sw[kSlabMax];
   for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb);
+    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
     const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv, tails);
     if constexpr (kInt8)
       for (int64_t j = 0; j < sn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
-    // The next slab's rows stream into L2 during this slab's tiles (as the VNNI driver does),
-    // when they too are read in place.
-    const int64_t next = s.in_place ? std::clamp<int64_t>(n1 - sb - SL, 0, SL) : 0;
-    const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNR - 1) / kNR);
-    SlicePrefetch pf(next > 0 ? s.rows + SL * row_bytes : s.rows, row_bytes, next, row_bytes,
-                     tiles * std::max<int64_t>(1, s.steps / kPfSteps));
-    for (int64_t m = m0; m < m1; m += kMR) {
-      const uint32_t* a = qa + (m / kMR) * KU * kMR;
-      const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
-      for (int64_t nb = 0; nb < sn; nb += kNR) {
-        tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, s.steps, s.tail ? s.tail + nb * 64 : nullptr, a, &pf, c);
-        epilogue<kInt8>(c, rows, static_cast<int>(std::min<int64_t>(kNR, sn - nb)), sx + m, sw + nb,
-                        bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
+    const bool chunked = s.steps > KC;
+    uint32_t* part = chunked ? part_buf.get<uint32_t>(nblk * ng * kNR * kMR) : nullptr;  // [block][group][32][32]
+    for (int64_t k0 = 0; k0 == 0 || k0 < s.steps; k0 += KC) {
+      const int64_t k1 = std::min(s.steps, k0 + KC);
+      const bool last = k1 == s.steps;
+      // The next chunk's weight bytes (or the next slab's first chunk) stream into L2 meanwhile,
+      // when the rows are read in place.
+      const uint8_t* pbase = s.rows;
+      int64_t prow = 0, pbytes = 0;
+      if (s.in_place && !last) {
+        pbase = s.rows + k1 * 64, prow = sn, pbytes = (std::min(s.steps, k1 + KC) - k1) * 64;
+      } else if (s.in_place && sb + SL < n1) {
+        pbase = s.rows + SL * row_bytes, prow = std::min(SL, n1 - sb - SL), pbytes = std::min(s.steps, KC) * 64;
+      }
+      SlicePrefetch pf(pbase, row_bytes, prow, pbytes, nblk * ng * std::max<int64_t>(1, (k1 - k0) / kPfSteps));
+      for (int64_t m = m0; m < m1; m += kMR) {
+        const int64_t mb = (m - m0) / kMR;
+        const uint32_t* a = qa + (m / kMR) * KU * kMR;
+        const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
+        for (int64_t g = 0; g < ng; ++g) {
+          const int64_t nb = g * kNR;
+          uint32_t* pn = chunked ? part + (mb * ng + g) * kNR * kMR : nullptr;
+          tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, k0, k1, last && s.tail ? s.tail + nb * 64 : nullptr, a, &pf,
+                            k0 > 0 ? pn : nullptr, last ? c : pn);
+          if (last)
+            epilogue<kInt8>(c, rows, static_cast<int>(std::min<int64_t>(kNR, sn - nb)), sx + m, sw + nb,
+                            bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
+        }
       }
     }
   }
