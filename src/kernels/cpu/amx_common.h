@@ -35,9 +35,40 @@ inline void amx_configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
+// r[i] ← column i of the 16 × 16 matrix of 32-bit lanes whose row i is r[i]: the classic unpack
+// network (32-bit and 64-bit unpacks, then two 128-bit lane shuffles), 64 three-operand shuffles
+// with no index registers. transpose16x16_epi32's vpermt2d stages overwrite a source each, and
+// in the epilogue GCC spilled around them (~9 % of a bf16 GEMM in amx_block's epilogue).
+inline void amx_transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4b + j] now holds, per 128-bit lane L, rows 4b..4b+3 at column 4L + j.
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88);       // lanes 0, 2 of rows 0-3 | 4-7
+    t[4 + j] = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);   // lanes 1, 3
+    t[8 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);        // column j      (lane 0)
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);    // column 8 + j  (lane 2)
+    r[4 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0x88);   // column 4 + j  (lane 1)
+    r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);  // column 12 + j (lane 3)
+  }
+}
+
 // The AMX GEMMs compute yᵀ (tiles of weight rows × activation rows). A 32 × 32 block of 4-byte
 // sums c[n][m] (n: weight row, m: activation row; rows 32 values apart) goes out to y[m][n] for
-// m < rows, n < cols: per 16 × 16 quarter, 16 zmm transposed (transpose16x16_epi32), then
+// m < rows, n < cols: per 16 × 16 quarter, 16 zmm transposed (amx_transpose16x16), then
 // y[m][16q .. 16q + 15] = out(v, m, q) with v row m's 16 sums along n.
 template <class Out>
 inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y, int64_t ldy, const Out& out) {
@@ -46,7 +77,7 @@ inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y
     for (int h = 0; h * 16 < rows; ++h) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (q * 16 + i) * 32 + h * 16);
-      transpose16x16_epi32(r);
+      amx_transpose16x16(r);
       const int n = std::min(16, rows - h * 16);
       for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + q * 16, cm, out(r[i], h * 16 + i, q));
     }
