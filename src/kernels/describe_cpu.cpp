@@ -65,7 +65,11 @@ std::string describe_cpu(const CpuFeatures& cpu, Isa max_isa) {
   s += "kernels that differ with precision fast:\n";
   s += diff.empty() ? "  (none: this CPU has no dot-product kernels under this ceiling)\n" : diff;
   if (skips_bf16_dot(cpu, max_isa))
-    s += "bf16 dot products: not used by default (slower than float32 FMA on this CPU; --isa avx512_bf16 forces them)\n";
+    s += cpu.has(Isa::kAmx)
+             ? "bf16 dot products: on AMX tiles; the AVX512_BF16 kernels are not used by default (slower than float32 "
+               "FMA on this CPU; --isa avx512_bf16 forces them)\n"
+             : "bf16 dot products: not used by default (slower than float32 FMA on this CPU; --isa avx512_bf16 forces "
+               "them)\n";
   return s;
 }
 
