@@ -12,8 +12,9 @@
 // from the output (the bias, or what is accumulated onto) and go back to it through a 32 × 32
 // scratch, so partial tiles (edges of OW and Cout) need no special path. The channel pairs are
 // padded to whole 16-pair steps, Cout to whole 32-row blocks (zero weights).
-// Strided convs (the encoder's downsamplers) and the few-output-channel ones keep the
-// AVX512_BF16 conv's paths (the im2col GEMM on vdpbf16ps; the float32 direct conv).
+// Strided convs (the encoder's downsamplers) run the im2col GEMM of the AVX512_BF16 conv with the
+// same tiles (conv2d_im2col below); the few-output-channel ones the float32 direct conv, as in
+// every conv kernel.
 #include "kernels/cpu/amx_common.h"
 #include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/conv2d_avx512_common.h"
@@ -127,15 +128,126 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
   }
 }
 
+// Strided convs (the encoder's downsamplers): the im2col GEMM of conv2d_avx512_common.h — the
+// same bf16 panels [8 panels][kcu][32 units] per block of 256 output pixels and K slice, packed
+// by conv_pack_units<Bf16Dot> — with the products on tiles: A = 16 output channels × 16 units of
+// the weight rows ([CoutP][KUp] bf16 pairs, padded with zeros to whole 32-row blocks and 16-unit
+// steps), B = 16 units × 16 pixels of a panel (rows 128 bytes apart); the sums accumulate in the
+// output through a 32 × 32 scratch, slice after slice.
+void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                   const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], KH = w.shape[2], KW = w.shape[3];
+  const int64_t K = Cin * KH * KW, KU = (K + 1) / 2, KUp = (KU + 15) / 16 * 16, P = OH * OW;
+  const int64_t CoutP = (Cout + 31) / 32 * 32;
+  std::vector<uint16_t> wb(static_cast<size_t>(CoutP * KUp * 2), 0);  // [CoutP][KUp] bf16 pairs
+  pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
+    static thread_local UnitScratch row;
+    float* f = row.get<float>(K);
+    for (int64_t r = b; r < e; ++r) {
+      weight_row_f32(w, r, K, f);
+      f32_to_bf16_row(f, K, wb.data() + r * KUp * 2);
+    }
+  });
+  const auto* A = reinterpret_cast<const uint32_t*>(wb.data());
+  std::vector<float> bvec(Cout, 0.0f);
+  const bool has_bias = bias && !bias->empty();
+  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
+  const bool use_strip = (g.prologue || g.up) && !g.pointwise;
+  const int64_t NB = kConvZNB, n_pb = (P + NB - 1) / NB, n_blk = CoutP / 32;
+  const int64_t want = 4 * static_cast<int64_t>(pool.size());
+  const int64_t n_cc = std::clamp<int64_t>((want + n_pb - 1) / n_pb, 1, n_blk);
+  const int64_t cc_rows = (n_blk + n_cc - 1) / n_cc * 32;
+  const int64_t n_tasks = n_pb * n_cc;
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      amx_configure_tiles();
+      static thread_local UnitScratch panel_buf, sub_buf, strip_buf;
+      uint32_t* bp = panel_buf.get<uint32_t>(static_cast<size_t>(NB * std::min(kConvZKCU, KUp)));
+      float* sub = sub_buf.get<float>(static_cast<size_t>(NB * kConvZSub));
+      alignas(64) float cbuf[32 * 32];
+      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+        const int64_t pb = t / n_cc, cc = t % n_cc;
+        const int64_t pix0 = pb * NB, nb = std::min(NB, P - pix0);
+        const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        if (c0 >= c1) continue;
+        for (int64_t co = c0; co < c1; ++co) {
+          float* row = o + co * P + pix0;
+          if (!p.accumulate) {
+            std::fill(row, row + nb, bvec[co]);
+          } else if (has_bias) {
+            for (int64_t j = 0; j < nb; ++j) row[j] += bvec[co];
+          }
+        }
+        const int64_t n_panel = (nb + kZNR - 1) / kZNR;
+        for (int64_t q0 = 0; q0 < KUp; q0 += kConvZKCU) {
+          const int64_t kcu = std::min(kConvZKCU, KUp - q0);  // a multiple of 16
+          const int64_t k0 = q0 * 2, kc = std::clamp<int64_t>(K - k0, 0, kcu * 2);
+          // Units past K must be zero in the panels (conv_pack_units writes only the k that exist).
+          if (kc < kcu * 2) std::memset(bp, 0, static_cast<size_t>(n_panel * kcu * kZNR) * 4);
+          if (kc > 0) {
+            if (use_strip)
+              conv_pack_units<Bf16Dot>(build_pack_strip(g, pix0, nb, k0, kc, strip_buf), pix0, nb, k0, kc, kcu, bp, sub);
+            else
+              conv_pack_units<Bf16Dot>(g, pix0, nb, k0, kc, kcu, bp, sub);
+          }
+          for (int64_t co = c0; co < c1; co += 32) {
+            const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+            const uint32_t* a = A + co * KUp + q0;
+            for (int64_t j = 0; j < n_panel; ++j) {
+              const int ncol = static_cast<int>(std::min<int64_t>(kZNR, nb - j * kZNR));
+              float* ob = o + co * P + pix0 + j * kZNR;
+              const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
+              for (int r = 0; r < 32; ++r) {
+                const bool in_r = r < nr;
+                _mm512_store_ps(cbuf + r * 32, in_r ? _mm512_maskz_loadu_ps(m0, ob + r * P) : _mm512_setzero_ps());
+                _mm512_store_ps(cbuf + r * 32 + 16, in_r ? _mm512_maskz_loadu_ps(m1, ob + r * P + 16) : _mm512_setzero_ps());
+              }
+              _tile_loadd(0, cbuf, 128);
+              _tile_loadd(1, cbuf + 16, 128);
+              _tile_loadd(2, cbuf + 16 * 32, 128);
+              _tile_loadd(3, cbuf + 16 * 32 + 16, 128);
+              const uint32_t* b = bp + j * kcu * kZNR;
+              for (int64_t u = 0; u < kcu; u += 16) {
+                _tile_loadd(4, a + u, KUp * 4);
+                _tile_loadd(5, a + 16 * KUp + u, KUp * 4);
+                _tile_loadd(6, b + u * kZNR, kZNR * 4);
+                _tile_loadd(7, b + u * kZNR + 16, kZNR * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+              }
+              _tile_stored(0, cbuf, 128);
+              _tile_stored(1, cbuf + 16, 128);
+              _tile_stored(2, cbuf + 16 * 32, 128);
+              _tile_stored(3, cbuf + 16 * 32 + 16, 128);
+              for (int r = 0; r < nr; ++r) {
+                _mm512_mask_storeu_ps(ob + r * P, m0, _mm512_load_ps(cbuf + r * 32));
+                if (ncol > 16) _mm512_mask_storeu_ps(ob + r * P + 16, m1, _mm512_load_ps(cbuf + r * 32 + 16));
+              }
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w, const Weight* bias,
             float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
-  if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
+  if (avx2::conv2d_is_direct(Cout, p))
+    avx2::conv2d(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);  // few output channels: float32
+  else if (p.stride == 1 && T <= 64)
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
   else
-    conv2d_zmm<Bf16Dot>(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
+    conv2d_im2col(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
 }
 
 }  // namespace klein::kernels::amx
