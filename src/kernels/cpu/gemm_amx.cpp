@@ -1,7 +1,7 @@
 // AMX GEMMs (Precision::kFast): W8A8 for Q8_ROW weights with tdpbssd, and bf16 for the float
 // weight formats with tdpbf16ps. One tile is 16 rows × 64 bytes; a tdpbssd multiplies a 16 × 64
-// int8 tile by a 64 × 16 one (16 384 multiply-adds), 4× what a core's vpdpbusd zmm does in the
-// same time (measured here: ~3 000 against ~750 GOP/s per core), and tdpbf16ps ~19× vdpbf16ps.
+// int8 tile by a 64 × 16 one (16 384 multiply-adds): measured on a Xeon, ~6 300 GOP/s per core
+// against ~790 for vpdpbusd zmm, and tdpbf16ps ~3 100 GFLOP/s, 29× vdpbf16ps.
 //
 // Design, as the VNNI direct driver (gemm_int8_direct.h): the weights are read where they lie and
 // the tiles compute yᵀ. A tile's A operand is 16 rows × 64 bytes with any row stride, which is
@@ -24,12 +24,11 @@
 // exact in float32, sums in float32 by the tile unit (which flushes denormals, as vdpbf16ps), so
 // the result equals ref::linear_bf16 up to float32 summation error.
 //
-// Edges: K is padded to whole 64-byte steps — the activations with zeros when packed, the last
-// partial step of each weight row through a zero-padded copy of that step (the tile would read
-// past the row, and for bf16 past-the-row bytes could be NaN, which times 0 is NaN); column groups
-// of fewer than 32 rows, and weight formats the tiles cannot read (F32/F16 for bf16), go through
-// a converted zero-padded copy of the slab; rows past M are zero in the packed activations and
-// never stored.
+// Edges: K is padded to whole 64-byte steps — the activations with zeros when packed, the weights
+// through a zero-padded copy of the slab (the tile would read past the row, and for bf16
+// past-the-row bytes could be NaN, which times 0 is NaN); so do slabs of fewer than 32-row
+// groups, misaligned weights and formats the tiles cannot read (F32/F16 for bf16, converted);
+// rows past M are zero in the packed activations and never stored.
 //
 // Tile set-up: amx_common.h (loaded at the start of every block).
 #include <immintrin.h>
@@ -52,25 +51,23 @@ constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 byt
 constexpr int64_t kSlabMax = 128;     // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
 
-// The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart, each readable
-// for `steps` whole 64-byte steps, then (when `tail` is set) one more step from tail[row][64].
+// The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart (ld a multiple
+// of 64, rows on cache lines), each readable for `steps` whole 64-byte steps.
 struct SlabRows {
   const uint8_t* rows = nullptr;
   int64_t ld = 0, steps = 0;
-  const uint8_t* tail = nullptr;  // [slab rows][64], the last partial step zero-padded
-  bool in_place = false;          // rows are the weight's own storage
+  bool in_place = false;  // rows are the weight's own storage
 };
 
-// Partial sums of a 32 × 32 block over tile steps [s0, s1) (and, when `tail` is set, the last
-// partial step from tail[32][64]): c[n][m] (n: weight row, m: activation row), 32 × 4 bytes
+// Partial sums of a 32 × 32 block over tile steps [s0, s1): c[n][m] (n: weight row, m: activation row), 32 × 4 bytes
 // apart, start from `cin` (null: zero) and go to `cout`. a: the block's packed activations
 // [KU][32] units (KU a multiple of kStepUnits). pf->step() once per kPfSteps steps: the driver's
 // prefetch of the next slab, spread thin (all of a tile's share at once stalled on the fill
 // buffers: 38 % of the driver's samples sat on it).
 constexpr int64_t kPfSteps = 4;
 template <bool kInt8>
-__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t s0, int64_t s1, const uint8_t* tail,
-                                          const uint32_t* a, SlicePrefetch* pf, const void* cin, void* cout) {
+__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t s0, int64_t s1, const uint32_t* a,
+                                          SlicePrefetch* pf, const void* cin, void* cout) {
   if (cin) {
     const uint8_t* cb = static_cast<const uint8_t*>(cin);
     _tile_loadd(0, cb, kMR * 4);
@@ -106,7 +103,6 @@ __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t
     for (int64_t i = s; i < s + kPfSteps; ++i) step(w + i * 64, ldw, a + i * kStepUnits * kMR);
   }
   for (; s < s1; ++s) step(w + s * 64, ldw, a + s * kStepUnits * kMR);
-  if (tail) step(tail, 64, a + s1 * kStepUnits * kMR);
   uint8_t* cb = static_cast<uint8_t*>(cout);
   _tile_stored(0, cb, kMR * 4);                        // n 0-15,  m 0-15
   _tile_stored(1, cb + 64, kMR * 4);                   // n 0-15,  m 16-31
@@ -135,31 +131,25 @@ void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const floa
   });
 }
 
-// The tiles' view of weight rows [r0, r0 + n): in place when the format is the tiles' own and n
-// fills whole 32-row groups, else a converted copy (zero-padded to 32-row groups and 64-byte
-// steps). row_bytes = bytes of K per row in the tiles' element type.
+// The tiles' view of weight rows [r0, r0 + n): in place when the format is the tiles' own, n
+// fills whole 32-row groups and every row starts on a cache line, else a (converted) copy
+// zero-padded to 32-row groups and 64-byte steps. row_bytes = bytes of K per row in the tiles'
+// element type.
 template <bool kInt8>
-SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t row_bytes, UnitScratch& conv,
-                   UnitScratch& tails) {
+SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t row_bytes, UnitScratch& conv) {
   const int64_t step_bytes = kStepUnits * 4;
   const bool native = kInt8 ? W.dtype == DType::kQ8Row : W.dtype == DType::kBF16;
   SlabRows s;
   // In place only when every tile row starts on a cache line: a misaligned tile load touches two
-  // lines per row, measured ~40 % slower (M = 256, K = 3072, 16-byte offset), more than copying
-  // the slab once per call costs. (klein's own writers align tensor data to 64 bytes.)
+  // lines per row (a stand-alone 2 × 2 tile loop ran ~40 % slower with a 16-byte offset; in the
+  // GEMM the per-slab copy cost about what it saved). Safetensors data is only 8-byte aligned;
+  // klein's own writers pad the header so that tensor data starts on 64 bytes.
   const bool aligned = reinterpret_cast<uintptr_t>(W.data) % 64 == 0 && row_bytes % 64 == 0;
   if (native && n % kNR == 0 && aligned) {
     s.rows = static_cast<const uint8_t*>(W.data) + r0 * row_bytes;
     s.ld = row_bytes;
     s.steps = row_bytes / step_bytes;
     s.in_place = true;
-    const int64_t rem = row_bytes % step_bytes;
-    if (rem) {
-      uint8_t* t = tails.get<uint8_t>(n * step_bytes);
-      std::memset(t, 0, n * step_bytes);
-      for (int64_t j = 0; j < n; ++j) std::memcpy(t + j * step_bytes, s.rows + j * s.ld + s.steps * step_bytes, rem);
-      s.tail = t;
-    }
     return s;
   }
   const int64_t ld = (row_bytes + step_bytes - 1) / step_bytes * step_bytes;
@@ -196,12 +186,12 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
   const int64_t SL = kSlabMax;
   const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 4 / (SL * 64));  // tile steps per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
-  static thread_local UnitScratch conv, tails, part_buf;
+  static thread_local UnitScratch conv, part_buf;
   alignas(64) uint32_t c[kNR * kMR];
   alignas(64) float sw[kSlabMax];
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
-    const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv, tails);
+    const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv);
     if constexpr (kInt8)
       for (int64_t j = 0; j < sn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
     const bool chunked = s.steps > KC;
@@ -226,8 +216,7 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
         for (int64_t g = 0; g < ng; ++g) {
           const int64_t nb = g * kNR;
           uint32_t* pn = chunked ? part + (mb * ng + g) * kNR * kMR : nullptr;
-          tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, k0, k1, last && s.tail ? s.tail + nb * 64 : nullptr, a, &pf,
-                            k0 > 0 ? pn : nullptr, last ? c : pn);
+          tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, k0, k1, a, &pf, k0 > 0 ? pn : nullptr, last ? c : pn);
           if (last)
             epilogue<kInt8>(c, rows, static_cast<int>(std::min<int64_t>(kNR, sn - nb)), sx + m, sw + nb,
                             bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
