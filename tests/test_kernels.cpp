@@ -338,6 +338,28 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
 }
 
+TEST_P(Kernels, LinearFastWeightsAlignedAndNot) {
+  // The weights where a model's mapped file has them: 64-byte aligned rows (klein's own writers;
+  // the AMX GEMMs then read whole slabs in place) and 16 bytes off (other safetensors: copied per
+  // slab). K long enough for several K chunks of the AMX GEMMs (64 tile steps of 64 bytes each
+  // with a 2 MB L2: Q8 5120 B, BF16 10240 B, Q4 80 groups per row), N = one full 128-row slab and
+  // a 32-row rest, M a partial 32-row block. Every ISA must give its reference's result.
+  std::mt19937 rng(91);
+  ThreadPool pool(2);
+  const int64_t M = 70, N = 160, K = 5120;
+  for (DType dt : {DType::kQ8Row, DType::kBF16, DType::kQ4G64})
+    for (int offset : {0, 16}) {
+      OwnedWeight W = random_weight(dt, N, K, rng);
+      const size_t bytes = static_cast<size_t>(N * format_row_bytes(dt, K));
+      std::vector<uint8_t> store(bytes + 128);
+      uint8_t* p = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 + offset;
+      std::memcpy(p, W.w.data, bytes);
+      W.w.data = p;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " offset " + std::to_string(offset));
+      check_linear_fast(fast, dt, M, N, K, offset == 0, 0, pool, rng, &W);
+    }
+}
+
 TEST_P(Kernels, LinearW8A8ExtremesAreExact) {
   // The AVX2 kernel's vpmaddubsw pairs are at their largest with |q| = 127 and w = -128 or 127:
   // 2 · 128 · 127 = 32512 must not saturate. Rows of ±amax give q = ±127; weights all -128 / 127.

@@ -27,23 +27,29 @@ namespace klein::kernels::amx {
 namespace {
 
 constexpr int kMR = 32, kNR = 32;
-constexpr int64_t kSlabMax = 128;  // most weight rows per slab (a multiple of kNR)
+constexpr int64_t kSlabMax = 128;  // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm)
 
-// Rows [r0, r0 + n) of W: nibbles → bytes [n][K], scales and offsets → float [n][G]; rows
-// from n up to whole 32-row groups are zero (weights, scales and offsets).
-void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, float* s, float* o) {
-  const int64_t K = W.cols(), G = K / 64, padded = (n + kNR - 1) / kNR * kNR;
+// Rows [r0, r0 + n) of W, groups [g0, g0 + gc): nibbles → bytes wu[row][gc · 64] (rows ldw
+// apart); rows from n up to whole 32-row groups are zero.
+void unpack_rows(const Weight& W, int64_t r0, int64_t n, int64_t g0, int64_t gc, uint8_t* wu, int64_t ldw) {
+  const int64_t K = W.cols(), padded = (n + kNR - 1) / kNR * kNR;
   for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2);
-    for (int64_t h = 0; h < K / 32; ++h)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(wu + j * K + h * 32), q4_spread16(src + h * 16));
+    const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2) + g0 * 32;
+    for (int64_t h = 0; h < gc * 2; ++h)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wu + j * ldw + h * 32), q4_spread16(src + h * 16));
+  }
+  for (int64_t j = n; j < padded; ++j) std::memset(wu + j * ldw, 0, gc * 64);
+}
+
+// The scales and offsets of rows [r0, r0 + n) as float [row][G]; zero up to whole 32-row groups.
+void unpack_scales(const Weight& W, int64_t r0, int64_t n, float* s, float* o) {
+  const int64_t G = W.cols() / 64, padded = (n + kNR - 1) / kNR * kNR;
+  for (int64_t j = 0; j < n; ++j)
     for (int64_t g = 0; g < G; ++g) {
       s[j * G + g] = scale_at(W.scales, W.scale_dtype, (r0 + j) * G + g);
       o[j * G + g] = scale_at(W.offsets, W.scale_dtype, (r0 + j) * G + g);
     }
-  }
-  std::memset(wu + n * K, 0, (padded - n) * K);
   std::fill(s + n * G, s + padded * G, 0.0f);
   std::fill(o + n * G, o + padded * G, 0.0f);
 }
@@ -64,36 +70,37 @@ inline void fold_half(const int32_t* c, int n0, int64_t g, int64_t G, const floa
   }
 }
 
-// f[32 n][32 m] for 32 weight rows (wu, row stride K) × one 32-row activation block a ([K/4][32]
-// units), with per-row s, o ([32][G]) and the block's group sums xt ([G][32]).
+// f[32 n][32 m] (zeroed first when g0 = 0) += groups [g0, g1) for 32 weight rows (wu: those
+// groups unpacked, rows ldw apart) × one 32-row activation block a ([K/4][32] units), with
+// per-row s, o ([32][G]) and the block's group sums xt ([G][32]).
 // Each group's sums must leave the tiles before the next group can use them, and tiles are not
 // renamed, so done in one piece (zero, 4 products, 4 stores) the groups ran one after another at
 // the tiles' latency (~380 cycles per group and block, for 64 cycles of products). Staggered by
 // half a block instead: the upper 16 weight rows of group g − 1 are stored while the lower rows
 // of g compute, and the lower rows of g while the upper ones compute; each half is folded as soon
 // as it is stored. c holds [2 halves][16][32] int32.
-__attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t K, const uint32_t* a, const float* s,
-                                         const float* o, const float* xt, float* f, int32_t* c) {
-  const int64_t G = K / 64;
+__attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t ldw, int64_t g0, int64_t g1, int64_t G,
+                                         const uint32_t* a, const float* s, const float* o, const float* xt, float* f,
+                                         int32_t* c) {
   int32_t* lo = c;
   int32_t* hi = c + 16 * kMR;
-  std::memset(f, 0, kNR * kMR * sizeof(float));
-  for (int64_t g = 0; g < G; ++g) {
+  if (g0 == 0) std::memset(f, 0, kNR * kMR * sizeof(float));
+  for (int64_t g = g0; g < g1; ++g) {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_loadd(4, wu + g * 64, K);
+    _tile_loadd(4, wu + (g - g0) * 64, ldw);
     _tile_loadd(6, a + g * 16 * kMR, kMR * 4);
     _tile_loadd(7, a + g * 16 * kMR + 16, kMR * 4);
     _tile_dpbusd(0, 4, 6);
     _tile_dpbusd(1, 4, 7);
-    if (g > 0) {
+    if (g > g0) {
       _tile_stored(2, hi, kMR * 4);
       _tile_stored(3, hi + 16, kMR * 4);
       fold_half(hi, 16, g - 1, G, s, o, xt, f);
     }
     _tile_zero(2);
     _tile_zero(3);
-    _tile_loadd(5, wu + 16 * K + g * 64, K);
+    _tile_loadd(5, wu + 16 * ldw + (g - g0) * 64, ldw);
     _tile_dpbusd(2, 5, 6);
     _tile_dpbusd(3, 5, 7);
     _tile_stored(0, lo, kMR * 4);
@@ -102,36 +109,50 @@ __attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t K, const uin
   }
   _tile_stored(2, hi, kMR * 4);
   _tile_stored(3, hi + 16, kMR * 4);
-  fold_half(hi, 16, G - 1, G, s, o, xt, f);
+  fold_half(hi, 16, g1 - 1, G, s, o, xt, f);
 }
 
+// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of kSlabMax
+// weight rows, their groups in chunks whose unpacked bytes fit a quarter of the L2, every
+// activation block across the slab's 32-row groups per chunk, the float sums f of each
+// (block, group) kept between chunks.
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0, int64_t m1, int64_t K,
                 const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   amx_configure_tiles();
-  const int64_t G = K / 64, KU = K / 4;
-  const int64_t SL = std::clamp<int64_t>(l2_cache_bytes() / 4 / K / kNR * kNR, kNR, kSlabMax);
-  static thread_local UnitScratch wu_buf, so_buf;
-  uint8_t* wu = wu_buf.get<uint8_t>(SL * K);
+  const int64_t G = K / 64, KU = K / 4, SL = kSlabMax;
+  const int64_t GC = std::clamp<int64_t>(l2_cache_bytes() / 4 / (SL * 64), 1, G);  // groups per chunk
+  const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
+  static thread_local UnitScratch wu_buf, so_buf, f_buf;
+  uint8_t* wu = wu_buf.get<uint8_t>(SL * GC * 64);
   float* s = so_buf.get<float>(2 * SL * G);
   float* o = s + SL * G;
-  alignas(64) float f[kNR * kMR];
   alignas(64) int32_t c[kNR * kMR];
   for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb);
-    unpack_slab(W, sb, sn, wu, s, o);
-    for (int64_t m = m0; m < m1; m += kMR) {
-      const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
-      for (int64_t nb = 0; nb < sn; nb += kNR) {
-        tile_fold(wu + nb * K, K, qa + (m / kMR) * KU * kMR, s + nb * G, o + nb * G, xt + (m / kMR) * G * kMR, f, c);
-        const int cols = static_cast<int>(std::min<int64_t>(kNR, sn - nb));
-        __m512 vb[2];
-        for (int q = 0; q < 2; ++q)
-          vb[q] = bias ? _mm512_maskz_loadu_ps(col_mask(std::max(0, cols - q * 16)), bias + sb + nb + q * 16)
-                       : _mm512_setzero_ps();
-        amx_store_transposed(reinterpret_cast<const uint32_t*>(f), rows, cols, y + m * ldy + sb + nb, ldy,
-                             [&](__m512i v, int r, int q) {
-                               return _mm512_fmadd_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(sx[m + r]), vb[q]);
-                             });
+    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
+    float* fall = f_buf.get<float>(nblk * ng * kNR * kMR);  // [block][group][32][32]
+    unpack_scales(W, sb, sn, s, o);
+    for (int64_t g0 = 0; g0 < G; g0 += GC) {
+      const int64_t g1 = std::min(G, g0 + GC);
+      unpack_rows(W, sb, sn, g0, g1 - g0, wu, GC * 64);
+      for (int64_t m = m0; m < m1; m += kMR) {
+        const int64_t mb = (m - m0) / kMR;
+        const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
+        for (int64_t gi = 0; gi < ng; ++gi) {
+          const int64_t nb = gi * kNR;
+          float* f = fall + (mb * ng + gi) * kNR * kMR;
+          tile_fold(wu + nb * GC * 64, GC * 64, g0, g1, G, qa + (m / kMR) * KU * kMR, s + nb * G, o + nb * G,
+                    xt + (m / kMR) * G * kMR, f, c);
+          if (g1 < G) continue;
+          const int cols = static_cast<int>(std::min<int64_t>(kNR, sn - nb));
+          __m512 vb[2];
+          for (int q = 0; q < 2; ++q)
+            vb[q] = bias ? _mm512_maskz_loadu_ps(col_mask(std::max(0, cols - q * 16)), bias + sb + nb + q * 16)
+                         : _mm512_setzero_ps();
+          amx_store_transposed(reinterpret_cast<const uint32_t*>(f), rows, cols, y + m * ldy + sb + nb, ldy,
+                               [&](__m512i v, int r, int q) {
+                                 return _mm512_fmadd_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(sx[m + r]), vb[q]);
+                               });
+        }
       }
     }
   }
