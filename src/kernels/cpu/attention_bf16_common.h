@@ -127,7 +127,7 @@ struct Buffers {
 // whole 32-key panels), and pv(a, hp, b, nq, j0, nk): b.o[i] += P_i · V[j0 : j0 + nk].
 template <class Mm>
 void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buffers& b) {
-  const int64_t DU = a.DU, DP = (a.D + kZNR - 1) / kZNR * kZNR, SU = a.SkP / 2;
+  const int64_t DU = a.DU, DP = (a.D + kZNR - 1) / kZNR * kZNR;
   const int64_t nq = std::min(a.bq, a.Sq - i0);
   const float mul = a.scale * kLog2e;
   std::vector<float> tmp(a.D);
@@ -141,8 +141,6 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
   std::fill(b.o, b.o + nq * DP, 0.0f);
   std::fill(b.m, b.m + nq, kNegInf);
   std::fill(b.l, b.l + nq, 0.0f);
-  const auto* qs = reinterpret_cast<const uint32_t*>(b.qs);
-  const auto* pb = reinterpret_cast<const uint32_t*>(b.pb);
   const int64_t kend = a.mask.causal ? std::min(a.Sk, i0 + nq) : a.Sk;
   for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
     const int64_t nk = std::min(kBK, kend - j0);
