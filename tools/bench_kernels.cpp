@@ -409,23 +409,32 @@ int main(int argc, char** argv) {
     for (auto& e : *buf) e = dist(rng);
   // An explicit ceiling (the highest ISA when --isa is not given), so that the bf16 kernel is
   // timed also where the automatic choice skips it (CpuFeatures::bf16_dot_slow).
-  const Isa attn_ceiling = max_isa == Isa::kCount ? Isa::kAvx512Bf16 : max_isa;
-  for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
-    const kernels::KernelSet set = kernels::KernelSet::select(cpu, attn_ceiling, prec);
-    const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
-    if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name)) continue;
-    const int attn_peak = e.fast ? kBf16 : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512 : kFma256;
-    for (bool causal : {false, true}) {
-      const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
-      const Time t = time_best(reps, [&] {
-        kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
-                               1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
-      });
-      rows.push_back({std::string(e.name) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " D=128" +
-                          (causal ? " causal" : ""),
-                      threads, flop, t, attn_peak});
+  // The exact kernel, the AVX512_BF16 one (named: the automatic choice skips it on Intel) and the
+  // AMX one, each where the CPU (and --isa) has it.
+  std::vector<std::string_view> timed;
+  for (Isa ceiling : {Isa::kAvx512Bf16, Isa::kAmx})
+    for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+      const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(ceiling, max_isa), prec);
+      const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
+      if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name) ||
+          std::find(timed.begin(), timed.end(), e.name) != timed.end())
+        continue;
+      timed.push_back(e.name);
+      const int attn_peak = e.isa == Isa::kAmx ? kAmxBf16
+                            : e.fast          ? kBf16
+                            : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512
+                                                                              : kFma256;
+      for (bool causal : {false, true}) {
+        const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
+        const Time t = time_best(reps, [&] {
+          kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
+                                 1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
+        });
+        rows.push_back({std::string(e.name) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " D=128" +
+                            (causal ? " causal" : ""),
+                        threads, flop, t, attn_peak});
+      }
     }
-  }
   print(rows, peaks);
   return 0;
 }
