@@ -80,6 +80,27 @@ nlohmann::json read_json(const fs::path& p) {
 
 }  // namespace
 
+TEST(QuantizeRecipe, ScalesToF32EqualsScaleAtForEveryScaleType) {
+  // The range conversion the AMX kernels use equals the per-element one, at an offset, for the
+  // three stored scale types (bf16 as MLX stores them, f16, f32).
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-3, 3);
+  std::vector<float> f32(40);
+  std::vector<uint16_t> b16(40), h16(40);
+  for (size_t i = 0; i < f32.size(); ++i) {
+    f32[i] = d(rng);
+    b16[i] = f32_to_bf16(f32[i]);
+    h16[i] = f32_to_f16(f32[i]);
+  }
+  for (auto [p, t] : {std::pair<const void*, DType>{f32.data(), DType::kF32}, {b16.data(), DType::kBF16},
+                      {h16.data(), DType::kF16}}) {
+    std::vector<float> out(29, -1.0f);
+    scales_to_f32(p, t, 7, 29, out.data());
+    for (int64_t i = 0; i < 29; ++i) EXPECT_EQ(out[i], scale_at(p, t, 7 + i)) << dtype_name(t) << " " << i;
+    EXPECT_NE(out[0], scale_at(p, t, 6));  // the offset is applied
+  }
+}
+
 TEST(QuantizeRecipe, Q8RowIsSymmetricRoundHalfEven) {
   const float w[4] = {1.27f, -0.5f, 0.005f, 0.015f};
   int8_t qv[4];

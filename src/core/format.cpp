@@ -138,4 +138,17 @@ float scale_at(const void* p, DType t, int64_t i) {
   }
 }
 
+void scales_to_f32(const void* p, DType t, int64_t i0, int64_t n, float* out) {
+  switch (t) {
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(load_at<uint16_t>(p, i0 + i));
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(load_at<uint16_t>(p, i0 + i));
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = load_at<float>(p, i0 + i);
+  }
+}
+
 }  // namespace klein

@@ -61,5 +61,7 @@ bool dtype_from_name(std::string_view s, DType* out);
 
 // One scale/offset value of type `t` (f32, f16 or bf16) at index i of `p`, as float.
 float scale_at(const void* p, DType t, int64_t i);
+// Elements [i0, i0 + n) of the same as float32 into out (one type switch for the whole range).
+void scales_to_f32(const void* p, DType t, int64_t i0, int64_t n, float* out);
 
 }  // namespace klein

@@ -35,6 +35,55 @@ inline void amx_configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
+// The 2 × 2 tile block every AMX kernel here runs: accumulators tmm0..3 hold a 32 × 32 block of
+// 4-byte sums as quadrants (tmm0 rows 0-15 / columns 0-15, tmm1 rows 0-15 / columns 16-31, tmm2
+// and tmm3 the same for rows 16-31); A tiles tmm4 / tmm5 are its row halves, B tiles tmm6 / tmm7
+// its column halves.
+
+// The accumulators from / to a 32 × 32 block at c (rows ld bytes apart), or zeroed.
+inline void amx_acc_load(const void* c, int64_t ld) {
+  const auto* p = static_cast<const uint8_t*>(c);
+  _tile_loadd(0, p, ld);
+  _tile_loadd(1, p + 64, ld);
+  _tile_loadd(2, p + 16 * ld, ld);
+  _tile_loadd(3, p + 16 * ld + 64, ld);
+}
+inline void amx_acc_store(void* c, int64_t ld) {
+  auto* p = static_cast<uint8_t*>(c);
+  _tile_stored(0, p, ld);
+  _tile_stored(1, p + 64, ld);
+  _tile_stored(2, p + 16 * ld, ld);
+  _tile_stored(3, p + 16 * ld + 64, ld);
+}
+inline void amx_acc_zero() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// One step of the block: A rows 0-15 at a0 and 16-31 at a1 (rows lda bytes apart), B columns
+// 0-15 at b0 and 16-31 at b1 (rows ldb bytes apart), four products into the accumulators:
+// int8 (s8 × s8, tdpbssd) or bf16 pairs (tdpbf16ps).
+template <bool kInt8>
+inline void amx_step(const void* a0, const void* a1, int64_t lda, const void* b0, const void* b1, int64_t ldb) {
+  _tile_loadd(4, a0, lda);
+  _tile_loadd(5, a1, lda);
+  _tile_loadd(6, b0, ldb);
+  _tile_loadd(7, b1, ldb);
+  if constexpr (kInt8) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  } else {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
 // r[i] ← column i of the 16 × 16 matrix of 32-bit lanes whose row i is r[i]: the classic unpack
 // network (32-bit and 64-bit unpacks, then two 128-bit lane shuffles), 64 three-operand shuffles
 // with no index registers. transpose16x16_epi32's vpermt2d stages overwrite a source each, and

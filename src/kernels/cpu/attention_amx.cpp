@@ -29,59 +29,30 @@ struct Tiles {
 
   static void scores(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t nq, int64_t j0, int64_t nk) {
     const auto* qs = reinterpret_cast<const uint32_t*>(b.qs);
-    const int64_t DU = a.DU, lds = kBK * 4;
+    const int64_t DU = a.DU;
     for (int64_t r = 0; r < nq; r += 32)
       for (int64_t c = 0; c < nk; c += 32) {
         const uint32_t* q0 = qs + r * DU;
         const uint32_t* kp = hp.kp + ((j0 + c) / kZNR) * DU * kZNR;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t u = 0; u < DU; u += 16) {
-          _tile_loadd(4, q0 + u, DU * 4);
-          _tile_loadd(5, q0 + 16 * DU + u, DU * 4);
-          _tile_loadd(6, kp + u * kZNR, kZNR * 4);
-          _tile_loadd(7, kp + u * kZNR + 16, kZNR * 4);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        float* s = b.s + r * kBK + c;
-        _tile_stored(0, s, lds);
-        _tile_stored(1, s + 16, lds);
-        _tile_stored(2, s + 16 * kBK, lds);
-        _tile_stored(3, s + 16 * kBK + 16, lds);
+        amx_acc_zero();
+        for (int64_t u = 0; u < DU; u += 16)
+          amx_step<false>(q0 + u, q0 + 16 * DU + u, DU * 4, kp + u * kZNR, kp + u * kZNR + 16, kZNR * 4);
+        amx_acc_store(b.s + r * kBK + c, kBK * 4);
       }
   }
 
   static void pv(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t nq, int64_t j0, int64_t nk) {
-    const int64_t DP = (a.D + kZNR - 1) / kZNR * kZNR, SU = a.SkP / 2, ldo = DP * 4, ldp = kBK * 2;
+    const int64_t DP = (a.D + kZNR - 1) / kZNR * kZNR, SU = a.SkP / 2, ldp = kBK * 2;
     const int64_t nu = (nk + 31) / 32 * 16;  // key-pair units, whole steps
     for (int64_t r = 0; r < nq; r += 32)
       for (int64_t d0 = 0; d0 < DP; d0 += kZNR) {
         float* o = b.o + r * DP + d0;
         const uint16_t* p0 = b.pb + r * kBK;
         const uint32_t* vp = hp.vp + (d0 / kZNR) * SU * kZNR + (j0 / 2) * kZNR;
-        _tile_loadd(0, o, ldo);
-        _tile_loadd(1, o + 16, ldo);
-        _tile_loadd(2, o + 16 * DP, ldo);
-        _tile_loadd(3, o + 16 * DP + 16, ldo);
-        for (int64_t u = 0; u < nu; u += 16) {
-          _tile_loadd(4, p0 + 2 * u, ldp);
-          _tile_loadd(5, p0 + 16 * kBK + 2 * u, ldp);
-          _tile_loadd(6, vp + u * kZNR, kZNR * 4);
-          _tile_loadd(7, vp + u * kZNR + 16, kZNR * 4);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, o, ldo);
-        _tile_stored(1, o + 16, ldo);
-        _tile_stored(2, o + 16 * DP, ldo);
-        _tile_stored(3, o + 16 * DP + 16, ldo);
+        amx_acc_load(o, DP * 4);
+        for (int64_t u = 0; u < nu; u += 16)
+          amx_step<false>(p0 + 2 * u, p0 + 16 * kBK + 2 * u, ldp, vp + u * kZNR, vp + u * kZNR + 16, kZNR * 4);
+        amx_acc_store(o, DP * 4);
       }
   }
 };

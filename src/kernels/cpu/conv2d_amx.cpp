@@ -31,16 +31,29 @@ void conv_tile(const uint32_t* a, int64_t U, int64_t cpc, const uint32_t* s, int
   for (int64_t t = 0; t < T; ++t) {
     const uint32_t* at = a + t * cpc;
     const uint32_t* st = s + toff[t];
-    for (int64_t i = 0; i < cpc; i += 16) {
-      _tile_loadd(4, at + i, U * 4);
-      _tile_loadd(5, at + 16 * U + i, U * 4);
-      _tile_loadd(6, st + i * plane, plane * 4);
-      _tile_loadd(7, st + i * plane + 16, plane * 4);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+    for (int64_t i = 0; i < cpc; i += 16)
+      amx_step<false>(at + i, at + 16 * U + i, U * 4, st + i * plane, st + i * plane + 16, plane * 4);
+  }
+}
+
+// The accumulators from / back to the output block of `nr` ≤ 32 channels × `ncol` ≤ 32 pixels at
+// ob (rows P apart), through the 32 × 32 scratch cbuf (zeros outside the block), so edges need no
+// path of their own.
+void out_to_acc(const float* ob, int64_t P, int nr, int ncol, float* cbuf) {
+  const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
+  for (int r = 0; r < 32; ++r) {
+    const bool in = r < nr;
+    _mm512_store_ps(cbuf + r * 32, in ? _mm512_maskz_loadu_ps(m0, ob + r * P) : _mm512_setzero_ps());
+    _mm512_store_ps(cbuf + r * 32 + 16, in ? _mm512_maskz_loadu_ps(m1, ob + r * P + 16) : _mm512_setzero_ps());
+  }
+  amx_acc_load(cbuf, 128);
+}
+void acc_to_out(float* ob, int64_t P, int nr, int ncol, float* cbuf) {
+  amx_acc_store(cbuf, 128);
+  const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
+  for (int r = 0; r < nr; ++r) {
+    _mm512_mask_storeu_ps(ob + r * P, m0, _mm512_load_ps(cbuf + r * 32));
+    if (ncol > 16) _mm512_mask_storeu_ps(ob + r * P + 16, m1, _mm512_load_ps(cbuf + r * 32 + 16));
   }
 }
 
@@ -52,20 +65,11 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
   std::vector<uint16_t> wd = direct_weights(w, Cout, Cin, T, CP, pool);
   wd.resize(static_cast<size_t>(CoutP * U * 2), 0);  // zero rows up to whole 32-row blocks
   const auto* A = reinterpret_cast<const uint32_t*>(wd.data());
-  std::vector<float> bvec(Cout, 0.0f);
-  const bool has_bias = bias && !bias->empty();
-  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  const ConvBias cb = conv_bias(bias, Cout);
   ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
 
-  const int64_t n_xt = (OW + 31) / 32;
-  const int64_t LD = (n_xt * 32 + KW - 1 + 15) / 16 * 16;
-  const int64_t band = std::clamp<int64_t>(kStripBytes / (CP * LD * 4) - (KH - 1), 1, OH);
-  const int64_t n_band = (OH + band - 1) / band;
-  const int64_t n_blk = CoutP / 32;
-  const int64_t want = 4 * static_cast<int64_t>(pool.size());
-  const int64_t n_cc = std::clamp<int64_t>((want + n_band - 1) / n_band, 1, n_blk);
-  const int64_t cc_rows = (n_blk + n_cc - 1) / n_cc * 32;
-  const int64_t n_tasks = n_band * n_cc;
+  const DirectPlan d = direct_plan(Cout, OH, OW, KH, KW, CP, 32, pool.size());
+  const int64_t LD = d.LD;
   for (int64_t n = 0; n < N; ++n) {
     g.x = in + n * Cin * H * W;
     float* o = out + n * Cout * P;
@@ -74,53 +78,25 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
       amx_configure_tiles();
       static thread_local UnitScratch strip_buf;
       alignas(64) float cbuf[32 * 32];
-      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-        const int64_t bi = t / n_cc, cc = t % n_cc;
-        const int64_t oy0 = bi * band, rows_b = std::min(band, OH - oy0), R = rows_b + KH - 1;
-        const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const DirectPlan::Task tk = d.task(t, OH, KH, Cout);
+        const int64_t oy0 = tk.oy0, R = tk.R, c0 = tk.c0, c1 = tk.c1;
         if (c0 >= c1) continue;
         uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
         build_strip(g, CP, oy0, R, LD, S);
-        for (int64_t co = c0; co < c1; ++co) {
-          float* row = o + co * P + oy0 * OW;
-          if (!p.accumulate) {
-            std::fill(row, row + rows_b * OW, bvec[co]);
-          } else if (has_bias) {
-            for (int64_t j = 0; j < rows_b * OW; ++j) row[j] += bvec[co];
-          }
-        }
-        int64_t toff[64];  // tap (ky, kx) → offset in S (T ≤ 64: the caller checks)
-        for (int64_t ky = 0; ky < KH; ++ky)
-          for (int64_t kx = 0; kx < KW; ++kx) toff[ky * KW + kx] = ky * LD + kx;
+        conv_init_rows(o, P, c0, c1, oy0 * OW, tk.rows * OW, cb, p.accumulate);
         for (int64_t co = c0; co < c1; co += 32) {
           const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
-          for (int64_t rr = 0; rr < rows_b; ++rr)
-            for (int64_t xt = 0; xt < n_xt; ++xt) {
+          for (int64_t rr = 0; rr < tk.rows; ++rr)
+            for (int64_t xt = 0; xt < d.n_xt; ++xt) {
               const int64_t x0 = xt * 32;
               const int ncol = static_cast<int>(std::min<int64_t>(32, OW - x0));
               float* ob = o + co * P + (oy0 + rr) * OW + x0;
-              const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
-              for (int r = 0; r < 32; ++r) {
-                const bool in = r < nr;
-                _mm512_store_ps(cbuf + r * 32, in ? _mm512_maskz_loadu_ps(m0, ob + r * P) : _mm512_setzero_ps());
-                _mm512_store_ps(cbuf + r * 32 + 16, in ? _mm512_maskz_loadu_ps(m1, ob + r * P + 16) : _mm512_setzero_ps());
-              }
-              _tile_loadd(0, cbuf, 128);
-              _tile_loadd(1, cbuf + 16, 128);
-              _tile_loadd(2, cbuf + 16 * 32, 128);
-              _tile_loadd(3, cbuf + 16 * 32 + 16, 128);
-              for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
-                const int64_t cpc = std::min(kCPC, CP - cp0);
-                conv_tile(A + co * U + T * cp0, U, cpc, S + (cp0 * R + rr) * LD + x0, R * LD, toff, T);
-              }
-              _tile_stored(0, cbuf, 128);
-              _tile_stored(1, cbuf + 16, 128);
-              _tile_stored(2, cbuf + 16 * 32, 128);
-              _tile_stored(3, cbuf + 16 * 32 + 16, 128);
-              for (int r = 0; r < nr; ++r) {
-                _mm512_mask_storeu_ps(ob + r * P, m0, _mm512_load_ps(cbuf + r * 32));
-                if (ncol > 16) _mm512_mask_storeu_ps(ob + r * P + 16, m1, _mm512_load_ps(cbuf + r * 32 + 16));
-              }
+              out_to_acc(ob, P, nr, ncol, cbuf);
+              for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
+                conv_tile(A + co * U + T * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0, R * LD,
+                          d.toff, T);
+              acc_to_out(ob, P, nr, ncol, cbuf);
             }
         }
       }
@@ -149,9 +125,7 @@ void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
     }
   });
   const auto* A = reinterpret_cast<const uint32_t*>(wb.data());
-  std::vector<float> bvec(Cout, 0.0f);
-  const bool has_bias = bias && !bias->empty();
-  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  const ConvBias cb = conv_bias(bias, Cout);
   ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
   const bool use_strip = (g.prologue || g.up) && !g.pointwise;
   const int64_t NB = kConvZNB, n_pb = (P + NB - 1) / NB, n_blk = CoutP / 32;
@@ -174,14 +148,7 @@ void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
         const int64_t pix0 = pb * NB, nb = std::min(NB, P - pix0);
         const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
         if (c0 >= c1) continue;
-        for (int64_t co = c0; co < c1; ++co) {
-          float* row = o + co * P + pix0;
-          if (!p.accumulate) {
-            std::fill(row, row + nb, bvec[co]);
-          } else if (has_bias) {
-            for (int64_t j = 0; j < nb; ++j) row[j] += bvec[co];
-          }
-        }
+        conv_init_rows(o, P, c0, c1, pix0, nb, cb, p.accumulate);
         const int64_t n_panel = (nb + kZNR - 1) / kZNR;
         for (int64_t q0 = 0; q0 < KUp; q0 += kConvZKCU) {
           const int64_t kcu = std::min(kConvZKCU, KUp - q0);  // a multiple of 16
@@ -200,35 +167,11 @@ void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
             for (int64_t j = 0; j < n_panel; ++j) {
               const int ncol = static_cast<int>(std::min<int64_t>(kZNR, nb - j * kZNR));
               float* ob = o + co * P + pix0 + j * kZNR;
-              const __mmask16 m0 = col_mask(ncol), m1 = col_mask(std::max(0, ncol - 16));
-              for (int r = 0; r < 32; ++r) {
-                const bool in_r = r < nr;
-                _mm512_store_ps(cbuf + r * 32, in_r ? _mm512_maskz_loadu_ps(m0, ob + r * P) : _mm512_setzero_ps());
-                _mm512_store_ps(cbuf + r * 32 + 16, in_r ? _mm512_maskz_loadu_ps(m1, ob + r * P + 16) : _mm512_setzero_ps());
-              }
-              _tile_loadd(0, cbuf, 128);
-              _tile_loadd(1, cbuf + 16, 128);
-              _tile_loadd(2, cbuf + 16 * 32, 128);
-              _tile_loadd(3, cbuf + 16 * 32 + 16, 128);
+              out_to_acc(ob, P, nr, ncol, cbuf);
               const uint32_t* b = bp + j * kcu * kZNR;
-              for (int64_t u = 0; u < kcu; u += 16) {
-                _tile_loadd(4, a + u, KUp * 4);
-                _tile_loadd(5, a + 16 * KUp + u, KUp * 4);
-                _tile_loadd(6, b + u * kZNR, kZNR * 4);
-                _tile_loadd(7, b + u * kZNR + 16, kZNR * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-              }
-              _tile_stored(0, cbuf, 128);
-              _tile_stored(1, cbuf + 16, 128);
-              _tile_stored(2, cbuf + 16 * 32, 128);
-              _tile_stored(3, cbuf + 16 * 32 + 16, 128);
-              for (int r = 0; r < nr; ++r) {
-                _mm512_mask_storeu_ps(ob + r * P, m0, _mm512_load_ps(cbuf + r * 32));
-                if (ncol > 16) _mm512_mask_storeu_ps(ob + r * P + 16, m1, _mm512_load_ps(cbuf + r * 32 + 16));
-              }
+              for (int64_t u = 0; u < kcu; u += 16)
+                amx_step<false>(a + u, a + 16 * KUp + u, KUp * 4, b + u * kZNR, b + u * kZNR + 16, kZNR * 4);
+              acc_to_out(ob, P, nr, ncol, cbuf);
             }
           }
         }

@@ -148,16 +148,14 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
     });
     wf = wbuf.data();
   }
-  std::vector<float> bvec(Cout, 0.0f);
-  const bool has_bias = bias && !bias->empty();
-  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  const ConvBias cb = conv_bias(bias, Cout);
 
   ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
 
   if (conv2d_is_direct(Cout, p)) {
     for (int64_t n = 0; n < N; ++n) {
       g.x = in + n * Cin * H * W;
-      conv_direct(g, wf, bvec.data(), p.accumulate, out + n * Cout * P, Cout, pool);
+      conv_direct(g, wf, cb.v.data(), p.accumulate, out + n * Cout * P, Cout, pool);
     }
     return;
   }
@@ -182,14 +180,7 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
         const int64_t pix0 = pb * NB, nb = std::min(NB, P - pix0);
         const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
         if (c0 >= c1) continue;
-        for (int64_t co = c0; co < c1; ++co) {
-          float* row = o + co * P + pix0;
-          if (!p.accumulate) {
-            std::fill(row, row + nb, bvec[co]);
-          } else if (has_bias) {
-            for (int64_t j = 0; j < nb; ++j) row[j] += bvec[co];
-          }
-        }
+        conv_init_rows(o, P, c0, c1, pix0, nb, cb, p.accumulate);
         const int64_t n_panel = (nb + kNR - 1) / kNR;
         for (int64_t k0 = 0; k0 < K; k0 += kKC) {
           const int64_t kc = std::min(kKC, K - k0);

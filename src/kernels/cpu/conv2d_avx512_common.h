@@ -119,9 +119,7 @@ void conv2d_zmm(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, c
   const int64_t K = Cin * KH * KW, KU = (K + kpu - 1) / kpu, P = OH * OW;
   ConvWeightBuf<Dot> wbuf;
   const typename Dot::A* wa = conv_weight_units<Dot>(w, Cout, K, wbuf, pool);
-  std::vector<float> bvec(Cout, 0.0f);
-  const bool has_bias = bias && !bias->empty();
-  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  const ConvBias cb = conv_bias(bias, Cout);
 
   ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
   const bool use_strip = (g.prologue || g.up) && !g.pointwise;
@@ -147,14 +145,7 @@ void conv2d_zmm(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, c
         const int64_t pix0 = pb * NB, nb = std::min(NB, P - pix0);
         const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
         if (c0 >= c1) continue;
-        for (int64_t co = c0; co < c1; ++co) {
-          float* row = o + co * P + pix0;
-          if (!p.accumulate) {
-            std::fill(row, row + nb, bvec[co]);
-          } else if (has_bias) {
-            for (int64_t j = 0; j < nb; ++j) row[j] += bvec[co];
-          }
-        }
+        conv_init_rows(o, P, c0, c1, pix0, nb, cb, p.accumulate);
         const int64_t n_panel = (nb + kZNR - 1) / kZNR;
         const Slivers sl(c0, c1, kZMR);
         for (int64_t q0 = 0; q0 < KU; q0 += kConvZKCU) {

@@ -27,44 +27,25 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
   const int64_t U = T * CP, P = OH * OW;
   const std::vector<uint16_t> wd = direct_weights(w, Cout, Cin, T, CP, pool);
   const auto* A = reinterpret_cast<const uint32_t*>(wd.data());  // read through Bf16Dot::bcast's memcpy
-  std::vector<float> bvec(Cout, 0.0f);
-  const bool has_bias = bias && !bias->empty();
-  if (has_bias) weight_to_f32(*bias, 0, Cout, bvec.data());
+  const ConvBias cb = conv_bias(bias, Cout);
   ConvGeom g = conv_geom(Cin, H, W, KH, KW, OH, OW, p);
 
-  const int64_t n_xt = (OW + kZNR - 1) / kZNR;
-  const int64_t LD = (n_xt * kZNR + KW - 1 + 15) / 16 * 16;
-  const int64_t band = std::clamp<int64_t>(kStripBytes / (CP * LD * 4) - (KH - 1), 1, OH);
-  const int64_t n_band = (OH + band - 1) / band;
-  const int64_t n_sliver = (Cout + kZMR - 1) / kZMR;
-  const int64_t want = 4 * static_cast<int64_t>(pool.size());
-  const int64_t n_cc = std::clamp<int64_t>((want + n_band - 1) / n_band, 1, n_sliver);
-  const int64_t cc_rows = (n_sliver + n_cc - 1) / n_cc * kZMR;
-  const int64_t n_tasks = n_band * n_cc;
+  static_assert(kZNR == 32);  // direct_plan's pixel tiles
+  const DirectPlan d = direct_plan(Cout, OH, OW, KH, KW, CP, kZMR, pool.size());
+  const int64_t LD = d.LD;
   for (int64_t n = 0; n < N; ++n) {
     g.x = in + n * Cin * H * W;
     float* o = out + n * Cout * P;
     std::atomic<int64_t> next{0};
     pool.run([&](int, int) {
       static thread_local UnitScratch strip_buf;
-      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-        const int64_t bi = t / n_cc, cc = t % n_cc;
-        const int64_t oy0 = bi * band, rows_b = std::min(band, OH - oy0), R = rows_b + KH - 1;
-        const int64_t c0 = cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const DirectPlan::Task tk = d.task(t, OH, KH, Cout);
+        const int64_t oy0 = tk.oy0, rows_b = tk.rows, R = tk.R, c0 = tk.c0, c1 = tk.c1;
         if (c0 >= c1) continue;
         uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
         build_strip(g, CP, oy0, R, LD, S);
-        for (int64_t co = c0; co < c1; ++co) {
-          float* row = o + co * P + oy0 * OW;
-          if (!p.accumulate) {
-            std::fill(row, row + rows_b * OW, bvec[co]);
-          } else if (has_bias) {
-            for (int64_t j = 0; j < rows_b * OW; ++j) row[j] += bvec[co];
-          }
-        }
-        int64_t toff[64];  // tap (ky, kx) → offset in S (checked below: T ≤ 64)
-        for (int64_t ky = 0; ky < KH; ++ky)
-          for (int64_t kx = 0; kx < KW; ++kx) toff[ky * KW + kx] = ky * LD + kx;
+        conv_init_rows(o, P, c0, c1, oy0 * OW, rows_b * OW, cb, p.accumulate);
         const Slivers sl(c0, c1, kZMR);
         for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
           const int64_t cpc = std::min(kCPC, CP - cp0);
@@ -72,9 +53,9 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
             const int64_t co = sl.begin(i);
             const uint32_t* a = A + co * U + T * cp0;
             for (int64_t rr = 0; rr < rows_b; ++rr)
-              for (int64_t xt = 0; xt < n_xt; ++xt) {
+              for (int64_t xt = 0; xt < d.n_xt; ++xt) {
                 const int cols = static_cast<int>(std::min<int64_t>(kZNR, OW - xt * kZNR));
-                zukernel_taps_rows<Bf16Dot>(sl.rows(i), a, U, S + (cp0 * R + rr) * LD + xt * kZNR, toff,
+                zukernel_taps_rows<Bf16Dot>(sl.rows(i), a, U, S + (cp0 * R + rr) * LD + xt * kZNR, d.toff,
                                             static_cast<int>(T), cpc, R * LD, o + co * P + (oy0 + rr) * OW + xt * kZNR,
                                             P, true, cols);
               }

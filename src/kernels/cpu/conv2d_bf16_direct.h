@@ -23,6 +23,36 @@ namespace {
 constexpr int64_t kCPC = 64;                   // channel pairs per chunk: a sliver's A is 14·taps·64 units
 constexpr int64_t kStripBytes = int64_t{512} << 10;
 
+// How a direct conv splits its work: output rows in bands whose strip S (CP planes of R rows × LD
+// units; tiles of 32 output pixels) fits kStripBytes, each band split into ranges of whole
+// `unit`-row blocks of output channels so that the pool's threads get ~4 tasks each.
+struct DirectPlan {
+  int64_t n_xt, LD, band, n_cc, cc_rows, n_tasks;
+  int64_t toff[64];  // tap (ky, kx) → offset in S (T ≤ 64: the callers check)
+  // Task t: output rows [oy0, oy0 + rows), strip rows R, output channels [c0, c1) (empty: skip).
+  struct Task {
+    int64_t oy0, rows, R, c0, c1;
+  };
+  Task task(int64_t t, int64_t OH, int64_t KH, int64_t Cout) const {
+    const int64_t oy0 = t / n_cc * band, c0 = t % n_cc * cc_rows, rows = std::min(band, OH - oy0);
+    return {oy0, rows, rows + KH - 1, c0, std::min(Cout, c0 + cc_rows)};
+  }
+};
+inline DirectPlan direct_plan(int64_t Cout, int64_t OH, int64_t OW, int64_t KH, int64_t KW, int64_t CP, int64_t unit,
+                              int threads) {
+  DirectPlan d;
+  d.n_xt = (OW + 31) / 32;
+  d.LD = (d.n_xt * 32 + KW - 1 + 15) / 16 * 16;
+  d.band = std::clamp<int64_t>(kStripBytes / (CP * d.LD * 4) - (KH - 1), 1, OH);
+  const int64_t n_band = (OH + d.band - 1) / d.band, n_unit = (Cout + unit - 1) / unit;
+  d.n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(threads) + n_band - 1) / n_band, 1, n_unit);
+  d.cc_rows = (n_unit + d.n_cc - 1) / d.n_cc * unit;
+  d.n_tasks = n_band * d.n_cc;
+  for (int64_t ky = 0; ky < KH; ++ky)
+    for (int64_t kx = 0; kx < KW; ++kx) d.toff[ky * KW + kx] = ky * d.LD + kx;
+  return d;
+}
+
 // The weight as bf16 pair units [Cout][T·CP], chunk-major (see top); zero past Cin (CP may be
 // padded past Cin / 2: those pairs are zero).
 std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t T, int64_t CP,

@@ -21,6 +21,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include <vector>
+
+#include "core/weight.h"
 #include "kernels/conv2d.h"
 #include "kernels/cpu/gemm_units.h"
 
@@ -28,6 +31,31 @@ namespace klein::kernels {
 namespace {
 
 constexpr int64_t kConvMaxBlock = 256;  // most output pixels pack_block takes at once
+
+// The conv's bias as float32 [Cout] (zeros without one), and whether there is one.
+struct ConvBias {
+  std::vector<float> v;
+  bool present = false;
+};
+inline ConvBias conv_bias(const Weight* bias, int64_t Cout) {
+  ConvBias b{std::vector<float>(Cout, 0.0f), bias && !bias->empty()};
+  if (b.present) weight_to_f32(*bias, 0, Cout, b.v.data());
+  return b;
+}
+
+// Output rows [c0, c1) of one batch item (rows P apart), pixels [off, off + n): set to the bias,
+// or with the bias added when the conv accumulates onto them — before the products add in.
+inline void conv_init_rows(float* o, int64_t P, int64_t c0, int64_t c1, int64_t off, int64_t n, const ConvBias& b,
+                           bool accumulate) {
+  for (int64_t co = c0; co < c1; ++co) {
+    float* row = o + co * P + off;
+    if (!accumulate) {
+      std::fill(row, row + n, b.v[co]);
+    } else if (b.present) {
+      for (int64_t j = 0; j < n; ++j) row[j] += b.v[co];
+    }
+  }
+}
 
 struct ConvGeom {
   const float* x;  // one batch item [Cin, H, W]

@@ -68,46 +68,24 @@ constexpr int64_t kPfSteps = 4;
 template <bool kInt8>
 __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t s0, int64_t s1, const uint32_t* a,
                                           SlicePrefetch* pf, const void* cin, void* cout) {
-  if (cin) {
-    const uint8_t* cb = static_cast<const uint8_t*>(cin);
-    _tile_loadd(0, cb, kMR * 4);
-    _tile_loadd(1, cb + 64, kMR * 4);
-    _tile_loadd(2, cb + 16 * kMR * 4, kMR * 4);
-    _tile_loadd(3, cb + 16 * kMR * 4 + 64, kMR * 4);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  auto step = [&](const uint8_t* wp, int64_t ld, const uint32_t* ap) {
-    _tile_loadd(4, wp, ld);
-    _tile_loadd(5, wp + 16 * ld, ld);
-    _tile_loadd(6, ap, kMR * 4);
-    _tile_loadd(7, ap + 16, kMR * 4);
-    if constexpr (kInt8) {
-      _tile_dpbssd(0, 4, 6);
-      _tile_dpbssd(1, 4, 7);
-      _tile_dpbssd(2, 5, 6);
-      _tile_dpbssd(3, 5, 7);
-    } else {
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
+  if (cin)
+    amx_acc_load(cin, kMR * 4);
+  else
+    amx_acc_zero();
+  // Step i: weight rows 0-15 / 16-31 × 64 bytes of K at w + 64 i; activation units [16 i, 16 i + 16)
+  // of rows 0-15 / 16-31 of the block.
+  auto step = [&](int64_t i) {
+    const uint8_t* wp = w + i * 64;
+    const uint32_t* ap = a + i * kStepUnits * kMR;
+    amx_step<kInt8>(wp, wp + 16 * ldw, ldw, ap, ap + 16, kMR * 4);
   };
   int64_t s = s0;
   for (; s + kPfSteps <= s1; s += kPfSteps) {
     pf->step();
-    for (int64_t i = s; i < s + kPfSteps; ++i) step(w + i * 64, ldw, a + i * kStepUnits * kMR);
+    for (int64_t i = s; i < s + kPfSteps; ++i) step(i);
   }
-  for (; s < s1; ++s) step(w + s * 64, ldw, a + s * kStepUnits * kMR);
-  uint8_t* cb = static_cast<uint8_t*>(cout);
-  _tile_stored(0, cb, kMR * 4);                        // n 0-15,  m 0-15
-  _tile_stored(1, cb + 64, kMR * 4);                   // n 0-15,  m 16-31
-  _tile_stored(2, cb + 16 * kMR * 4, kMR * 4);         // n 16-31, m 0-15
-  _tile_stored(3, cb + 16 * kMR * 4 + 64, kMR * 4);    // n 16-31, m 16-31
+  for (; s < s1; ++s) step(s);
+  amx_acc_store(cout, kMR * 4);  // c[n][m]: tmm0 n 0-15 m 0-15, tmm1 m 16-31, tmm2 / tmm3 n 16-31
 }
 
 // y[rows × cols] from the block sums c[n][m] (amx_store_transposed): int8: (float(acc) · sx[m])
@@ -192,8 +170,7 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
     const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv);
-    if constexpr (kInt8)
-      for (int64_t j = 0; j < sn; ++j) sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
+    if constexpr (kInt8) scales_to_f32(W.scales, W.scale_dtype, sb, sn, sw);
     const bool chunked = s.steps > KC;
     uint32_t* part = chunked ? part_buf.get<uint32_t>(nblk * ng * kNR * kMR) : nullptr;  // [block][group][32][32]
     for (int64_t k0 = 0; k0 == 0 || k0 < s.steps; k0 += KC) {

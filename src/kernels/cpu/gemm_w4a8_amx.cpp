@@ -45,11 +45,8 @@ void unpack_rows(const Weight& W, int64_t r0, int64_t n, int64_t g0, int64_t gc,
 // The scales and offsets of rows [r0, r0 + n) as float [row][G]; zero up to whole 32-row groups.
 void unpack_scales(const Weight& W, int64_t r0, int64_t n, float* s, float* o) {
   const int64_t G = W.cols() / 64, padded = (n + kNR - 1) / kNR * kNR;
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t g = 0; g < G; ++g) {
-      s[j * G + g] = scale_at(W.scales, W.scale_dtype, (r0 + j) * G + g);
-      o[j * G + g] = scale_at(W.offsets, W.scale_dtype, (r0 + j) * G + g);
-    }
+  scales_to_f32(W.scales, W.scale_dtype, r0 * G, n * G, s);  // rows r0.. lie contiguously
+  scales_to_f32(W.offsets, W.scale_dtype, r0 * G, n * G, o);
   std::fill(s + n * G, s + padded * G, 0.0f);
   std::fill(o + n * G, o + padded * G, 0.0f);
 }
