@@ -3,11 +3,16 @@
 // residency hint that streaming relies on (MADV_DONTNEED releasing a mapping's pages).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <string>
 #include <vector>
 
 #include "api/memory_plan.h"
 #include "api/memory_needs.h"
+#include "core/host_memory.h"
 #include "io/safetensors.h"
 #include "kernels/scratch.h"
 #include "klein/klein.h"
@@ -212,4 +217,53 @@ TEST(MemoryBudget, DontNeedReleasesMappedPages) {
   EXPECT_FALSE((*m)->advise(&elsewhere, 8, klein::Residency::kDontNeed));  // not in the mapping: left alone
   for (size_t i = 0; i < n; i += 4096) sum = sum + (*m)->data()[i];  // refaults the same bytes
   EXPECT_EQ(sum, 2 * (n / 4096));
+}
+
+// host_alloc_bytes: 64-byte alignment always; large buffers 2 MiB aligned and, where the kernel
+// offers transparent huge pages, advised for them (the VMA's VmFlags then carry "hg").
+namespace {
+bool vma_has_flag(const void* p, const std::string& flag) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    // A mapping's first line is "lo-hi perms ..."; its attribute lines start with a name.
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      inside = addr >= lo && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+TEST(HostMemory, AlignmentAndHugePageAdvice) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{100}, klein::kHugePageBytes - 1}) {
+    void* p = klein::host_alloc_bytes(n);
+    ASSERT_NE(p, nullptr) << n;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << n;
+    std::memset(p, 1, n);
+    std::free(p);
+  }
+  const char* env = std::getenv("KLEIN_HUGEPAGES");
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  const bool offered = (mode.find("[madvise]") != std::string::npos || mode.find("[always]") != std::string::npos) &&
+                       !(env && std::string(env) == "0");
+  for (size_t n : {klein::kHugePageBytes, 5 * klein::kHugePageBytes + 3}) {
+    void* p = klein::host_alloc_bytes(n);
+    ASSERT_NE(p, nullptr) << n;
+    if (env && std::string(env) == "0") {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    } else {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % klein::kHugePageBytes, 0u) << n;
+      if (offered) EXPECT_TRUE(vma_has_flag(p, "hg")) << "no MADV_HUGEPAGE on a " << n << "-byte buffer";
+    }
+    std::memset(p, 1, n);
+    std::free(p);
+  }
 }

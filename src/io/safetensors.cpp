@@ -42,6 +42,12 @@ Result<std::shared_ptr<MappedFile>> MappedFile::open(const fs::path& path) {
       return io_error(p + ": mmap failed (" + std::strerror(errno) + ")");
     }
     m->data_ = static_cast<const uint8_t*>(addr);
+#ifdef MADV_HUGEPAGE
+    // Before the first touch: the page faults then read the file into 2 MiB page-cache folios,
+    // which the kernel maps with 2 MiB entries (the tile GEMMs read 16 weight rows several KiB
+    // apart per load; see core/host_memory.h). Advice only; ignored where THP is off.
+    madvise(addr, m->size_, MADV_HUGEPAGE);
+#endif
   }
   ::close(fd);
   return m;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/host_memory.h"
 #include "kernels/scratch.h"
 
 namespace klein::kernels::avx2 {
@@ -206,7 +207,7 @@ struct Scratch {
     if (need > n) {
       std::free(p);
       const size_t bytes = (need * sizeof(float) + 63) / 64 * 64;
-      p = static_cast<float*>(std::aligned_alloc(64, bytes));
+      p = static_cast<float*>(host_alloc_bytes(bytes));
       note_scratch_bytes(static_cast<int64_t>(need) - static_cast<int64_t>(n));  // counted for memory budgets
       n = need;
     }

@@ -22,6 +22,7 @@
 
 #include <unistd.h>
 
+#include "core/host_memory.h"
 #include "core/thread_pool.h"
 #include "kernels/scratch.h"
 
@@ -50,7 +51,7 @@ struct UnitScratch {
     const size_t need = (count * sizeof(T) + 63) / 64 * 64;
     if (need > n) {
       std::free(p);
-      p = std::aligned_alloc(64, need);
+      p = host_alloc_bytes(need);
       note_scratch_bytes(static_cast<int64_t>(need) - static_cast<int64_t>(n));  // counted for memory budgets
       n = need;
     }
