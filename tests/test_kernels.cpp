@@ -560,7 +560,11 @@ TEST_P(Kernels, AttentionFastMatchesItsRef) {
             check_attention(fast, {Sq, Sk, Hq, Hkv, D, causal, vm}, ++n % 3 ? pool : pool3, rng, n % 2 == 0);
           }
   check_attention(fast, {40, 40, 2, 1, 24, true, 2}, pool, rng, false);   // everything masked
-  check_attention(fast, {300, 301, 3, 3, 20, true, 1}, pool, rng, true);  // many blocks, odd Sk
+  check_attention(fast, {300, 301, 3, 3, 20, true, 1}, pool, rng, true);  // odd Sk
+  // More than one key block (kAttnBf16KeyBlock keys): the running max and the rescaled sums.
+  check_attention(fast, {70, 2 * kernels::ref::kAttnBf16KeyBlock + 45, 2, 1, 16, false, 1}, pool, rng, false);
+  check_attention(fast, {kernels::ref::kAttnBf16KeyBlock + 90, kernels::ref::kAttnBf16KeyBlock + 90, 2, 2, 24, true, 0},
+                  pool3, rng, true);
   check_attention(fast, {400, 130, 2, 1, 16, false, 1}, pool, rng, false);
   check_attention(fast, {250, 100, 2, 2, 128, false, 0}, pool3, rng, true);
 }

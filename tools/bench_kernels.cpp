@@ -4,7 +4,8 @@
 // kernels on the VAE decoder's shapes, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds.
 //
-//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...] [--only KERNEL]
+//   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...] [--attn-s S...]
+//                       [--only KERNEL]
 //
 // --isa caps the kernel selection (scalar, avx2, ...) to time a lower ISA's kernels on this CPU.
 #include <CLI/CLI.hpp>
@@ -13,7 +14,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <time.h>
@@ -21,6 +25,7 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/host_memory.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
 #include "kernels/registry.h"
@@ -33,6 +38,18 @@
 using namespace klein;
 
 namespace {
+
+struct FreeHost {
+  void operator()(void* p) const { std::free(p); }
+};
+// A copy of v in a buffer from host_alloc_bytes, as the library allocates its tensors.
+template <class T>
+std::unique_ptr<T[], FreeHost> host_copy(const std::vector<T>& v) {
+  std::unique_ptr<T[], FreeHost> p(static_cast<T*>(host_alloc_bytes(v.size() * sizeof(T))));
+  if (!p) throw std::bad_alloc();
+  std::memcpy(p.get(), v.data(), v.size() * sizeof(T));
+  return p;
+}
 
 using bench::cpu_s;
 using bench::now_s;
@@ -239,6 +256,9 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ms;
   app.add_option("--m", ms, "token counts M of the GEMM shapes (default 256 1024 1536; --quick: 256)");
   std::string isa_arg;
+  std::vector<int64_t> attn_s;
+  app.add_option("--attn-s", attn_s, "sequence lengths of the attention rows (default 1024; --quick: 256)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
   std::string only;
   app.add_option("--only", only, "time only the kernels whose name contains this (e.g. int8_avx512; the peaks always)");
@@ -343,6 +363,10 @@ int main(int argc, char** argv) {
     for (auto& e : ws) e = 0.01f * (1 + dist(rng));
     std::vector<float> x(s.M * s.K), y(s.M * s.N);
     for (auto& e : x) e = dist(rng);
+    // Operands in the library's own host buffers (huge pages where large, as the pipeline's).
+    const auto hwb = host_copy(wb);
+    const auto hwq = host_copy(wq);
+    const auto hx = host_copy(x), hy = host_copy(y);
     Weight W;
     W.name = "bench";
     W.shape = {s.N, s.K};
@@ -351,7 +375,7 @@ int main(int argc, char** argv) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
       if (set.get(kernels::Op::kLinear, v.format).name != v.kernel || !wanted(v.kernel)) continue;
       W.dtype = v.format;
-      W.data = v.format == DType::kQ8Row ? static_cast<const void*>(wq.data()) : wb.data();  // Q4: any bytes
+      W.data = v.format == DType::kQ8Row ? static_cast<const void*>(hwq.get()) : hwb.get();  // Q4: any bytes
       W.scales = v.format == DType::kQ8Row ? static_cast<const void*>(ws.data())
                  : v.format == DType::kQ4G64 ? static_cast<const void*>(gs.data()) : nullptr;
       W.offsets = v.format == DType::kQ4G64 ? gb.data() : nullptr;
@@ -359,7 +383,7 @@ int main(int argc, char** argv) {
       const std::string name = std::string(v.kernel) + " " + std::string(dtype_name(v.format)) + " M=" +
                                std::to_string(s.M) + " K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
       const Time t = time_best(reps, [&] {
-        kernels::run_linear(set, x.data(), s.M, s.K, W, nullptr, y.data(), pool);
+        kernels::run_linear(set, hx.get(), s.M, s.K, W, nullptr, hy.get(), pool);
       });
       rows.push_back({name, pool.size(), flop, t, v.peak});
     }
@@ -402,39 +426,43 @@ int main(int argc, char** argv) {
     }
   }
   // Attention at the DiT's head shape: the exact kernel, and the fast one where it differs.
-  const int64_t S = quick ? 256 : 1024;
+  // (the DiT's S: 768 at 256², 1536 at 512², 1792 for a 512² edit with a 256² reference).
+  if (attn_s.empty()) attn_s = {quick ? 256 : 1024};
   const int H = quick ? 4 : 24, D = 128;
-  std::vector<float> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D);
-  for (auto* buf : {&q, &k, &v})
-    for (auto& e : *buf) e = dist(rng);
-  // An explicit ceiling (the highest ISA when --isa is not given), so that the bf16 kernel is
-  // timed also where the automatic choice skips it (CpuFeatures::bf16_dot_slow).
-  // The exact kernel, the AVX512_BF16 one (named: the automatic choice skips it on Intel) and the
-  // AMX one, each where the CPU (and --isa) has it.
-  std::vector<std::string_view> timed;
-  for (Isa ceiling : {Isa::kAvx512Bf16, Isa::kAmx})
-    for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
-      const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(ceiling, max_isa), prec);
-      const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
-      if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name) ||
-          std::find(timed.begin(), timed.end(), e.name) != timed.end())
-        continue;
-      timed.push_back(e.name);
-      const int attn_peak = e.isa == Isa::kAmx ? kAmxBf16
-                            : e.fast          ? kBf16
-                            : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512
-                                                                              : kFma256;
-      for (bool causal : {false, true}) {
-        const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
-        const Time t = time_best(reps, [&] {
-          kernels::run_attention(set, q.data(), k.data(), v.data(), o.data(), S, S, H, H, D,
-                                 1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
-        });
-        rows.push_back({std::string(e.name) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " D=128" +
-                            (causal ? " causal" : ""),
-                        threads, flop, t, attn_peak});
+  for (const int64_t S : attn_s) {
+    std::vector<float> q(S * H * D), k(S * H * D), v(S * H * D), o(S * H * D);
+    for (auto* buf : {&q, &k, &v})
+      for (auto& e : *buf) e = dist(rng);
+    const auto hq = host_copy(q), hk = host_copy(k), hv = host_copy(v), ho = host_copy(o);
+    // An explicit ceiling (the highest ISA when --isa is not given), so that the bf16 kernel is
+    // timed also where the automatic choice skips it (CpuFeatures::bf16_dot_slow).
+    // The exact kernel, the AVX512_BF16 one (named: the automatic choice skips it on Intel) and the
+    // AMX one, each where the CPU (and --isa) has it.
+    std::vector<std::string_view> timed;
+    for (Isa ceiling : {Isa::kAvx512Bf16, Isa::kAmx})
+      for (kernels::Precision prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+        const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(ceiling, max_isa), prec);
+        const kernels::KernelEntry& e = set.get(kernels::Op::kAttention, DType::kF32);
+        if ((prec == kernels::Precision::kFast && !e.fast) || !wanted(e.name) ||
+            std::find(timed.begin(), timed.end(), e.name) != timed.end())
+          continue;
+        timed.push_back(e.name);
+        const int attn_peak = e.isa == Isa::kAmx ? kAmxBf16
+                              : e.fast          ? kBf16
+                              : cpu.has(Isa::kAvx512) && max_isa >= Isa::kAvx512 ? kFma512
+                                                                                : kFma256;
+        for (bool causal : {false, true}) {
+          const double flop = 4.0 * S * S * D * H * (causal ? 0.5 : 1.0);
+          const Time t = time_best(reps, [&] {
+            kernels::run_attention(set, hq.get(), hk.get(), hv.get(), ho.get(), S, S, H, H, D,
+                                   1.0f / std::sqrt(float(D)), {.causal = causal}, pool);
+          });
+          rows.push_back({std::string(e.name) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " D=128" +
+                              (causal ? " causal" : ""),
+                          threads, flop, t, attn_peak});
+        }
       }
-    }
+  }
   print(rows, peaks);
   return 0;
 }

@@ -31,8 +31,10 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
 // 2^(m − m'), p = 2^(s − m') added to l unrounded and as bf16(p)·bf16(v) to the output; out = o / l.
 // The kernel sums in float32 and its exp2 is within 3e-7, so a p near a bf16 rounding boundary may
 // round the other way there: |kernel − this| ≤ 2^-8·max|v| (one such p at most 2^-8 relative),
-// typically float32 summation error.
-constexpr int64_t kAttnBf16KeyBlock = 128;
+// typically float32 summation error. 512 keys: the kernels rescale O and reduce the row max and
+// sum once per block, and the AMX kernel keeps O in its tiles for the block's keys (128 made the
+// AMX attention ~10 % slower at S = 1792).
+constexpr int64_t kAttnBf16KeyBlock = 512;
 void attention_bf16(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
                     int Hkv, int D, float scale, const AttnMask& mask, int64_t ldq = 0, int64_t ldk = 0,
                     int64_t ldv = 0, int64_t ldo = 0);

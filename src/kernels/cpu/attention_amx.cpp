@@ -22,9 +22,11 @@ namespace {
 
 struct Tiles {
   static constexpr int64_t kUnitAlign = 16;  // one tile step of units along d
-  // Queries per task: whole 32-row tile pairs; fewer with a causal mask (the diagonal block is
-  // half wasted).
-  static int64_t bq(bool causal) { return causal ? 64 : 128; }
+  // Queries per task: one 32-row tile pair, so that a task's Q rows (8 KB), O (16 KB) and P stay
+  // near L1 while the K / V panels stream past; 128 rows spilled all of them to L2, and the tile
+  // loads ran at L2 speed (S = 1792: 64 → 37 ms, with kAttnBf16KeyBlock 128 → 512 and the
+  // one-pass packing of attention_bf16_common.h).
+  static int64_t bq(bool) { return 32; }
   static void begin() { amx_configure_tiles(); }
 
   static void scores(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t nq, int64_t j0, int64_t nk) {
