@@ -2,7 +2,6 @@
 
 #include "core/checked.h"
 #include "core/format.h"
-#include "core/host_memory.h"
 
 #include <cmath>
 #include <cstdio>
@@ -119,8 +118,8 @@ void Tensor::Free::operator()(float* p) const {
 
 namespace {
 float* host_alloc(int64_t numel) {
-  const size_t bytes = static_cast<size_t>(numel) * sizeof(float);
-  void* p = host_alloc_bytes(bytes);
+  const size_t bytes = (static_cast<size_t>(numel) * sizeof(float) + 63) & ~size_t{63};
+  void* p = std::aligned_alloc(64, bytes);
   if (p) std::memset(p, 0, bytes);
   return static_cast<float*>(p);
 }
