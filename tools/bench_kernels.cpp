@@ -394,11 +394,13 @@ int main(int argc, char** argv) {
       {Isa::kAvx2, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx2", kFma256},
       {Isa::kAvx512, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx512", kFma512},
       {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kBF16, "conv2d_bf16_avx512bf16", kBf16},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kBF16, "conv2d_bf16_amx", kAmxBf16},
   };
   struct ConvShape {
     int64_t C, H;
   };
-  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256}};
+  // (+ the encoder's full-resolution ones at a 512² reference: 128 ch at 512², 256 at 256²)
+  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256}, {256, 256}, {128, 512}};
   if (quick) conv_shapes = {{512, 32}, {128, 128}};
   for (const ConvShape& cs : conv_shapes) {
     std::vector<uint16_t> wb(cs.C * cs.C * 9);
