@@ -3,7 +3,9 @@
 // message that did not name the culprit.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -123,6 +125,23 @@ TEST(ThreadPoolRobust, AWorkersExceptionReachesTheCaller) {
   std::atomic<int> after{0};
   pool.parallel_for(100, [&](int64_t b, int64_t e) { after += static_cast<int>(e - b); });
   EXPECT_EQ(after.load(), 100);  // still usable
+}
+
+// Jobs back to back (workers still spinning) and after pauses longer than the spin (workers
+// asleep on the condition variable): every share runs exactly once per job either way.
+TEST(ThreadPoolRobust, EveryShareRunsOnceWhetherWorkersSpinOrSleep) {
+  ThreadPool pool(3);
+  std::array<std::atomic<int>, 3> hits{};
+  auto job = [&](int t, int n) {
+    ASSERT_EQ(n, 3);
+    hits[t].fetch_add(1);
+  };
+  for (int i = 0; i < 2000; ++i) pool.run(job);
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pool.run(job);
+  }
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(hits[t].load(), 2020) << "share " << t;
 }
 
 // ---- configs

@@ -1,9 +1,31 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace klein {
+
+namespace {
+// Spins until done() or kSpin µs passed; true when done() held.
+template <class Done>
+bool spin_until(Done done, int micros) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      _mm_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -24,11 +46,16 @@ void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
     const std::function<void(int, int)>* job;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+    if (spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; }, kSpinMicros)) {
+      seen = generation_.load(std::memory_order_acquire);
+      std::lock_guard<std::mutex> lk(mu_);  // job_ is cleared under mu_ once every share is done
       if (stop_) return;
-      seen = generation_;
+      job = job_;
+    } else {
+      std::unique_lock<std::mutex> lk(mu_);
+      start_cv_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_relaxed) != seen; });
+      if (stop_) return;
+      seen = generation_.load(std::memory_order_relaxed);
       job = job_;
     }
     std::exception_ptr err;
@@ -37,11 +64,9 @@ void ThreadPool::worker(int index) {
     } catch (...) {
       err = std::current_exception();
     }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (err && !error_) error_ = err;
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
+    std::lock_guard<std::mutex> lk(mu_);
+    if (err && !error_) error_ = err;
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_cv_.notify_one();
   }
 }
 
@@ -53,8 +78,8 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   // The caller's share may throw too: the workers still use `fn`, so wait for them before the
@@ -65,8 +90,9 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   } catch (...) {
     err = std::current_exception();
   }
+  spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; }, kSpinMicros);
   std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [&] { return pending_ == 0; });
+  done_cv_.wait(lk, [&] { return pending_.load(std::memory_order_relaxed) == 0; });
   job_ = nullptr;
   if (!err) err = error_;
   error_ = nullptr;

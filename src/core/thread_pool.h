@@ -1,7 +1,13 @@
 // A fixed pool of worker threads for data-parallel loops. The calling thread takes part, so a
 // pool of size 1 runs everything inline with no synchronisation.
+//
+// Between jobs a worker spins for a short while (kSpinMicros) before it sleeps on the condition
+// variable, and the caller spins likewise before it sleeps waiting for the shares: a pipeline
+// step runs hundreds of short parallel loops, and a futex wake-up of a sleeping thread cost
+// ~25-33 µs per loop on a 2-vCPU KVM guest (the woken vCPU had halted), against ~1 µs spinning.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -36,9 +42,13 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
+  static constexpr int kSpinMicros = 100;
+  // job_ is written before generation_ is bumped (release) and read after it is seen (acquire);
+  // both change under mu_ too, so a worker that checks them under mu_ before sleeping cannot
+  // miss a job.
   const std::function<void(int, int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
   bool stop_ = false;
   std::exception_ptr error_;  // first exception of a worker's share in the current run
 };
