@@ -341,12 +341,13 @@ TEST_P(Kernels, LinearFastLargeShapes) {
 TEST_P(Kernels, LinearFastWeightsAlignedAndNot) {
   // The weights where a model's mapped file has them: 64-byte aligned rows (klein's own writers;
   // the AMX GEMMs then read whole slabs in place) and 16 bytes off (other safetensors: copied per
-  // slab). K long enough for several K chunks of the AMX GEMMs (64 tile steps of 64 bytes each
-  // with a 2 MB L2: Q8 5120 B, BF16 10240 B, Q4 80 groups per row), N = one full 128-row slab and
-  // a 32-row rest, M a partial 32-row block. Every ISA must give its reference's result.
+  // slab). K long enough for several K chunks of the AMX GEMMs (128 tile steps of 64 bytes each
+  // with a 2 MB L2, Q4 64 groups: Q8 10240 B, BF16 20480 B, Q4 160 groups per row), N = one full
+  // 128-row slab and a 32-row rest, M a partial 32-row block. Every ISA must give its
+  // reference's result.
   std::mt19937 rng(91);
   ThreadPool pool(2);
-  const int64_t M = 70, N = 160, K = 5120;
+  const int64_t M = 70, N = 160, K = 10240;
   for (DType dt : {DType::kQ8Row, DType::kBF16, DType::kQ4G64})
     for (int offset : {0, 16}) {
       OwnedWeight W = random_weight(dt, N, K, rng);

@@ -151,10 +151,10 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
 }
 
 // y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as a GotoBLAS GEMM: slabs of kSlabMax weight rows;
-// per slab, K in chunks whose rows fit a quarter of the L2 (the whole K for int8 rows up to
-// 4 KB); per chunk, every 32-row activation block runs across the slab's 32-row groups, the
-// partial sums of each (block, group) parked in `part` between chunks. Without the chunks, a
-// slab of long rows held few groups (32 rows at bf16 K = 9216) and every activation block was
+// per slab, K in chunks whose rows fit half the L2 (with 2 MB: rows up to 8 KB whole, so the
+// DiT's K = 3072 is one chunk; a quarter measured 1-4 points of the tile peak lower); per chunk,
+// every 32-row activation block runs across the slab's 32-row groups, the partial sums of each
+// (block, group) parked in `part` between chunks. Without the chunks, a slab of long rows held few groups (32 rows at bf16 K = 9216) and every activation block was
 // streamed from L3 once per 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
 template <bool kInt8>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
@@ -162,7 +162,7 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
   amx_configure_tiles();
   const int64_t row_bytes = kInt8 ? K : 2 * K;
   const int64_t SL = kSlabMax;
-  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 4 / (SL * 64));  // tile steps per chunk
+  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (SL * 64));  // tile steps per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch conv, part_buf;
   alignas(64) uint32_t c[kNR * kMR];
