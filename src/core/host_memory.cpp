@@ -21,7 +21,8 @@ bool huge_pages_wanted() {
 }  // namespace
 
 void* host_alloc_bytes(size_t bytes) {
-  if (bytes < kHugePageBytes || !huge_pages_wanted()) return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  if (bytes < kHugePageBytes || !huge_pages_wanted())
+    return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
   if (bytes > SIZE_MAX - kHugePageBytes) return nullptr;
   const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
   void* p = std::aligned_alloc(kHugePageBytes, rounded);

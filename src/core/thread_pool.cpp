@@ -11,7 +11,7 @@
 namespace klein {
 
 namespace {
-// Spins until done() or kSpin µs passed; true when done() held.
+// Spins until done() or `micros` µs passed; true when done() held.
 template <class Done>
 bool spin_until(Done done, int micros) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);

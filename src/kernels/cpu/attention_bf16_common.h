@@ -173,7 +173,7 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
     for (int64_t i = 0; i < nq; ++i) {
       float* s = b.s + i * kBK;
       const int64_t qi = i0 + i;
-      // Two maxima / sums in flight: each chain waits on its previous step's latency.
+      // Two maxima in flight: a load and a max per step would otherwise wait on the max's latency.
       __m512 mx0 = _mm512_set1_ps(kNegInf), mx1 = mx0;
       if (!a.mask.key_valid && (!a.mask.causal || j0 + nk - 1 <= qi)) {
         // Every key of the block is visible (the DiT's case): the scores stay as they are, and
@@ -184,7 +184,8 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
           mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + 16 * v + 16));
         }
         for (; v < nv; ++v)
-          mx0 = _mm512_max_ps(mx0, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), v == nv - 1 ? tail : 0xffff, s + 16 * v));
+          mx0 = _mm512_max_ps(mx0, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), v == nv - 1 ? tail : 0xffff,
+                                                        s + 16 * v));
       } else {
         for (int v = 0; v < nv; ++v) {
           const int64_t jb = j0 + 16 * v;
@@ -204,28 +205,19 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
       // Still -inf only when nothing was visible so far; then corr = 2^NaN = 0 keeps O, l at 0.
       const float corr = _mm512_cvtss_f32(exp2_neg16(_mm512_set1_ps(mold - mnew)));
       const __m512 vm = _mm512_set1_ps(mnew);
-      __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+      __m512 sum = _mm512_setzero_ps();
       uint16_t* pb = b.pb + i * kBK;
-      int v = 0;
-      for (; v + 2 < nv; v += 2) {
-        const __m512 p0 = exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm));
-        const __m512 p1 = exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v + 16), vm));
-        sum0 = _mm512_add_ps(sum0, p0);
-        sum1 = _mm512_add_ps(sum1, p1);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v), p_to_bf16(p0));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v + 16), p_to_bf16(p1));
-      }
-      for (; v < nv; ++v) {
+      for (int v = 0; v < nv; ++v) {
         const __mmask16 in = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
         const __m512 p = _mm512_maskz_mov_ps(in, exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)));
-        sum0 = _mm512_add_ps(sum0, p);
+        sum = _mm512_add_ps(sum, p);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v), p_to_bf16(p));
       }
       // Zeros up to the next 32 keys: products over whole 32-key steps read them (times V rows
       // that may be real keys past a causal block's end, or zero padding).
       for (int64_t c = 16 * nv; c < std::min<int64_t>(kBK, (nk + 31) / 32 * 32); ++c) pb[c] = 0;
       b.m[i] = mnew;
-      b.l[i] = b.l[i] * corr + _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+      b.l[i] = b.l[i] * corr + _mm512_reduce_add_ps(sum);
       if (corr != 1.0f) {
         float* o = b.o + i * DP;
         const __m512 vc = _mm512_set1_ps(corr);
@@ -263,21 +255,19 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
   static thread_local UnitScratch panels;
   uint32_t* const kp = panels.get<uint32_t>((kp_n + vp_n) * Hkv);
   uint32_t* const vp = kp + kp_n * Hkv;
-  const int64_t kpanels = a.SkP / kZNR, vpairs = a.SkP / 2;
-  pool.parallel_for(Hkv * kpanels, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1;) {  // runs of panels within one head
-      const int64_t g = w / kpanels, e = std::min(w1, (g + 1) * kpanels);
-      pack_k(a, k + g * D, w - g * kpanels, e - g * kpanels, kp + g * kp_n);
-      w = e;
-    }
-  });
-  pool.parallel_for(Hkv * vpairs, [&](int64_t w0, int64_t w1) {
-    for (int64_t w = w0; w < w1;) {
-      const int64_t g = w / vpairs, e = std::min(w1, (g + 1) * vpairs);
-      pack_v(a, v + g * D, w - g * vpairs, e - g * vpairs, vp + g * vp_n);
-      w = e;
-    }
-  });
+  // Items [0, Hkv · per_head) over the pool, each thread's range cut at head boundaries:
+  // fn(head, first item, end item) within that head.
+  auto per_head = [&](int64_t n, auto fn) {
+    pool.parallel_for(Hkv * n, [&](int64_t w0, int64_t w1) {
+      for (int64_t w = w0; w < w1;) {
+        const int64_t g = w / n, e = std::min(w1, (g + 1) * n);
+        fn(g, w - g * n, e - g * n);
+        w = e;
+      }
+    });
+  };
+  per_head(a.SkP / kZNR, [&](int64_t g, int64_t p0, int64_t p1) { pack_k(a, k + g * D, p0, p1, kp + g * kp_n); });
+  per_head(a.SkP / 2, [&](int64_t g, int64_t u0, int64_t u1) { pack_v(a, v + g * D, u0, u1, vp + g * vp_n); });
   const int group = Hq / Hkv;
   const int64_t nqb = (Sq + a.bq - 1) / a.bq, per_kv = nqb * group, tasks = per_kv * Hkv;
   std::atomic<int64_t> next{0};

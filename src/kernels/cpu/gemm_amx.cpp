@@ -154,8 +154,9 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
 // per slab, K in chunks whose rows fit half the L2 (with 2 MB: rows up to 8 KB whole, so the
 // DiT's K = 3072 is one chunk; a quarter measured 1-4 points of the tile peak lower); per chunk,
 // every 32-row activation block runs across the slab's 32-row groups, the partial sums of each
-// (block, group) parked in `part` between chunks. Without the chunks, a slab of long rows held few groups (32 rows at bf16 K = 9216) and every activation block was
-// streamed from L3 once per 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
+// (block, group) parked in `part` between chunks. Without the chunks, a slab of long rows held
+// few groups (32 rows at bf16 K = 9216) and every activation block was streamed from L3 once per
+// 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
 template <bool kInt8>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
