@@ -5,10 +5,14 @@
 //     for each KC-deep slice of K:
 //       pack W[nc, kc] into 16-column panels Bp[panel][kc][16] (converting bf16/f16 → f32), so
 //       the micro-kernel streams contiguous f32 and the conversion cost is paid once per M rows;
-//       for every 6-row sliver of x: 6×16 FMA micro-kernel over each panel, accumulating in y.
+//       for each block of MC = 48 rows of x: for each panel: for every 6-row sliver of the
+//       block: 6×16 FMA micro-kernel, accumulating in y.
 //   KC×NC = 256×256 floats = 256 KB keeps the packed slab in L2 (512 KB); a KC×16 panel (16 KB)
-//   and the 6×KC x sliver (6 KB) fit L1 together. Threads take N slabs dynamically (each slab
-//   packed once, so no redundant conversion); when N is too narrow they split M instead.
+//   stays in L1 while the block's slivers (48 KB of x) stream from L2 over it. The panel is
+//   what the micro-kernel reads most (64 B per k against 24 B of x): with the sliver outside
+//   the panel loop instead, every panel came from L2 and the GEMM ran at 77 % of the FMA peak
+//   on Zen 2, against 88-90 % so. Threads take N slabs dynamically (each slab packed once, so
+//   no redundant conversion); when N is too narrow they split M instead.
 // Small M (≤ 4, e.g. GEMV when decoding): memory-bound, so no packing — each W row is converted
 //   on the fly and dotted with the M rows of x while it is in registers.
 // Quantized weights (kQ8Row, kQ4G64, f8) are first expanded row-wise to f32 once per slab
@@ -28,6 +32,7 @@ namespace {
 constexpr int64_t kKC = 256;  // K depth of a packed slice
 constexpr int64_t kNC = 256;  // output columns per packed slab (multiple of kNR)
 constexpr int64_t kGemvMaxM = 4;
+constexpr int64_t kMC = 48;   // rows of x per block over which a panel is reused (multiple of kMR)
 
 // The element types load8_f32 widens in registers; other formats are expanded row-wise first.
 bool is_plain(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
@@ -106,18 +111,22 @@ void gemm_block(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, 
         pack_panel(src, p * kNR, kc0, static_cast<int>(std::min<int64_t>(kNR, ncn - p * kNR)),
                    kcn, bp + p * kcn * kNR);
       const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
-      for (int64_t m = m0; m < m1; m += kMR) {
-        const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
-        const float* a = x + m * ldx + kc0;
+      // Per block of kMC rows, each 16 KB panel stays in L1 while the block's slivers pass over it.
+      for (int64_t mb = m0; mb < m1; mb += kMC) {
+        const int64_t me = std::min(m1, mb + kMC);
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * kNR;
           const int cols = static_cast<int>(std::min<int64_t>(kNR, ncn - p * kNR));
           const float* init = (!acc && bias) ? bias + n : nullptr;
-          float* c = y + m * ldy + n;
-          if (cols == kNR)
-            ukernel_rows(rows, a, ldx, bp + p * kcn * kNR, kNR, kcn, c, ldy, acc, init);
-          else
-            ukernel_edge(rows, cols, a, ldx, bp + p * kcn * kNR, kNR, kcn, c, ldy, acc, init);
+          for (int64_t m = mb; m < me; m += kMR) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMR, me - m));
+            const float* a = x + m * ldx + kc0;
+            float* c = y + m * ldy + n;
+            if (cols == kNR)
+              ukernel_rows(rows, a, ldx, bp + p * kcn * kNR, kNR, kcn, c, ldy, acc, init);
+            else
+              ukernel_edge(rows, cols, a, ldx, bp + p * kcn * kNR, kNR, kcn, c, ldy, acc, init);
+          }
         }
       }
     }
