@@ -21,6 +21,7 @@ struct Madd4 {
   static constexpr int kMR = 4, kNR = 8;
   static constexpr int64_t kKG = 8;    // groups per K slice: 512 k, an 8-column panel of 4 KB
   static constexpr int64_t kNC = 256;  // columns per slab
+  static constexpr int64_t kMB = 48;   // rows per pass over a panel (gemm_w4a8_common.h)
 
   // c[R×8] as Vnni512::tile (gemm_w4a8_avx512vnni.cpp): a: sliver-packed units [ng·16][kMR];
   // b: panel [ng·16][8]; s, o: [ng][8]; xs: row r's group sums at xs + r·ldxs.
