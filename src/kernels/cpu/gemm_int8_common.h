@@ -9,7 +9,8 @@
 //      registers and spilled the accumulators inside the loop (measured: 40 % → see bench).
 //   2. Output columns are split into slabs (gemm_units.h's split_gemm); per KC slice, each slab's
 //      int8 rows are transposed into NR-column panels of 4-byte units (4 k of one column).
-//   3. The micro-kernel (UK::tile) sums MR × NR int32 tiles over the slice. The int32 partial
+//   3. The micro-kernel (UK::tile) sums MR × NR int32 tiles over the slice, per block of kI8MB
+//      rows panel by panel (each panel reused from L1 by the block's slivers). The int32 partial
 //      sums of earlier slices are kept in y itself (same size as float32): the accumulation over
 //      the whole K stays exact in int32, as the reference's, and needs no extra buffer.
 //   4. After the last slice, the tile is rescaled in place, each step rounded to float32 —
@@ -39,6 +40,7 @@ namespace {
 
 constexpr int64_t kI8KC = 128;  // units (4 k each) per K slice: a 32-column panel is 16 KB
 constexpr int64_t kI8NC = 256;  // columns per slab
+constexpr int64_t kI8MB = 48;   // rows of x per pass over a panel (a multiple of every kMR)
 
 // ref::quantize_row_int8 with AVX2: the same float32 operations (max of |x|, amax / 127, x / s,
 // round half to even, clamp), so the same bytes. Writes K bytes of q (xor `flip`: 0x80 turns the
@@ -115,45 +117,49 @@ void int8_block(const uint32_t* qa, int64_t Kp, const float* sx, int64_t m0, int
       const bool acc = kc0 > 0, last = kc0 + kcn == KQ;
       // The next slice's weight rows, fetched while this slice computes (gemm_units.h).
       SlicePrefetch pf(src + (kc0 + kcn) * 4, ld, ncn, std::min(kI8KC, KQ - (kc0 + kcn)) * 4, (m1 - m0 + MR - 1) / MR);
-      for (int64_t m = m0; m < m1; m += MR) {
-        pf.step();
-        const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
+      // Per block of kI8MB rows, each panel stays in L1 while the block's slivers pass over it.
+      for (int64_t mb = m0; mb < m1; mb += kI8MB) {
+        const int64_t me = std::min(m1, mb + kI8MB);
+        for (int64_t m = mb; m < me; m += MR) pf.step();
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * NR;
           const int cols = static_cast<int>(std::min<int64_t>(NR, ncn - p * NR));
-          float* yt = y + m * ldy + n;
-          // Full tiles sum straight into y's memory (as int32); edge tiles through `tile`.
-          int32_t* c = reinterpret_cast<int32_t*>(yt);
-          int64_t ldc = ldy;
-          if (cols < NR) {
-            c = tile, ldc = NR;
-            if (acc)
-              for (int r = 0; r < rows; ++r) std::memcpy(tile + r * NR, yt + r * ldy, cols * 4);
-          }
-          UK::tile_rows(rows, qa + (m / MR) * KQ * MR + kc0 * MR, bp + p * kcn * NR, kcn, c, ldc, acc);
-          if (last) {
-            const int64_t j0 = p * NR;
-            for (int r = 0; r < rows; ++r) {
-              const float s = sx[m + r];
-              int j = 0;
-              // 8 columns at a time, the same float32 operations in the same order as the tail
-              // (and the reference): these files are compiled without FMA contraction.
-              const __m256 vs = _mm256_set1_ps(s);
-              for (; j + 8 <= cols; j += 8) {
-                const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + j));
-                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(a), vs);
-                const __m256 b = bias ? _mm256_loadu_ps(bias + n + j) : _mm256_setzero_ps();
-                _mm256_storeu_ps(yt + r * ldy + j, _mm256_add_ps(_mm256_mul_ps(t, _mm256_loadu_ps(sw + j0 + j)), b));
-              }
-              for (; j < cols; ++j) {
-                int32_t a;
-                std::memcpy(&a, c + r * ldc + j, 4);
-                const float t = static_cast<float>(a) * s;
-                yt[r * ldy + j] = t * sw[j0 + j] + (bias ? bias[n + j] : 0.0f);
-              }
+          for (int64_t m = mb; m < me; m += MR) {
+            const int rows = static_cast<int>(std::min<int64_t>(MR, me - m));
+            float* yt = y + m * ldy + n;
+            // Full tiles sum straight into y's memory (as int32); edge tiles through `tile`.
+            int32_t* c = reinterpret_cast<int32_t*>(yt);
+            int64_t ldc = ldy;
+            if (cols < NR) {
+              c = tile, ldc = NR;
+              if (acc)
+                for (int r = 0; r < rows; ++r) std::memcpy(tile + r * NR, yt + r * ldy, cols * 4);
             }
-          } else if (cols < NR) {
-            for (int r = 0; r < rows; ++r) std::memcpy(yt + r * ldy, tile + r * NR, cols * 4);
+            UK::tile_rows(rows, qa + (m / MR) * KQ * MR + kc0 * MR, bp + p * kcn * NR, kcn, c, ldc, acc);
+            if (last) {
+              const int64_t j0 = p * NR;
+              for (int r = 0; r < rows; ++r) {
+                const float s = sx[m + r];
+                int j = 0;
+                // 8 columns at a time, the same float32 operations in the same order as the tail
+                // (and the reference): these files are compiled without FMA contraction.
+                const __m256 vs = _mm256_set1_ps(s);
+                for (; j + 8 <= cols; j += 8) {
+                  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + r * ldc + j));
+                  const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(a), vs);
+                  const __m256 b = bias ? _mm256_loadu_ps(bias + n + j) : _mm256_setzero_ps();
+                  _mm256_storeu_ps(yt + r * ldy + j, _mm256_add_ps(_mm256_mul_ps(t, _mm256_loadu_ps(sw + j0 + j)), b));
+                }
+                for (; j < cols; ++j) {
+                  int32_t a;
+                  std::memcpy(&a, c + r * ldc + j, 4);
+                  const float t = static_cast<float>(a) * s;
+                  yt[r * ldy + j] = t * sw[j0 + j] + (bias ? bias[n + j] : 0.0f);
+                }
+              }
+            } else if (cols < NR) {
+              for (int r = 0; r < rows; ++r) std::memcpy(yt + r * ldy, tile + r * NR, cols * 4);
+            }
           }
         }
       }
