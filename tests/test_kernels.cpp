@@ -323,6 +323,22 @@ TEST_P(Kernels, LinearFastMatchesItsRef) {
     for (int64_t K : {1, 3, 4, 7, 9}) check_linear_fast(fast, dt, 20, 40, K, true, 1, pool3, rng);
 }
 
+TEST_P(Kernels, LinearRowStridesOfWholeCacheSets) {
+  // Activation rows a multiple of 2 KB apart (ldx = 512 or 1024 floats, also with K < ldx), and
+  // under kFast K = 2048 / 4096: the AVX-512 GEMMs then copy the slivers or the weight slab to a
+  // stride of one more cache line (gemm_avx512_common.h, gemm_int8_direct.h) or pad the rows of
+  // their bf16 copy of x (gemm_avx512bf16.cpp). The copies must hold exactly the same operands.
+  std::mt19937 rng(17);
+  ThreadPool pool(2);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    check_linear(set, dt, 45, 70, 512, true, 0, pool, rng);
+    check_linear(set, dt, 31, 40, 1000, false, 24, pool, rng);  // ldx = 1024
+  }
+  for (DType dt : {DType::kQ8Row, DType::kBF16, DType::kF32})
+    for (int64_t K : {2048, 4096}) check_linear_fast(fast, dt, 45, 70, K, K == 2048, 0, pool, rng);
+  check_linear_fast(fast, DType::kQ8Row, 40, 50, 4000, true, 96, pool, rng);  // ldx = 4096
+}
+
 TEST_P(Kernels, LinearFastLargeShapes) {
   // Crosses the K slices (512 int8 / 512 bf16 / 256 f32 per slice) and N slabs of the fast GEMMs.
   std::mt19937 rng(8);

@@ -255,6 +255,9 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "fewer shapes (M = 256 only) and repetitions, for a smoke test");
   std::vector<int64_t> ms;
   app.add_option("--m", ms, "token counts M of the GEMM shapes (default 256 1024 1536; --quick: 256)");
+  std::vector<int64_t> kn;
+  app.add_option("--kn", kn, "GEMM shapes as K N pairs instead of the DiT's (e.g. --kn 12288 3072 12352 3072)")
+      ->check(CLI::PositiveNumber);
   std::string isa_arg;
   std::vector<int64_t> attn_s;
   app.add_option("--attn-s", attn_s, "sequence lengths of the attention rows (default 1024; --quick: 256)")
@@ -263,6 +266,10 @@ int main(int argc, char** argv) {
   std::string only;
   app.add_option("--only", only, "time only the kernels whose name contains this (e.g. int8_avx512; the peaks always)");
   CLI11_PARSE(app, argc, argv);
+  if (kn.size() % 2) {
+    std::fprintf(stderr, "error: --kn takes K N pairs, got %zu numbers\n", kn.size());
+    return 2;
+  }
 
   Isa max_isa = Isa::kCount;
   if (!isa_arg.empty() && !isa_from_name(isa_arg, &max_isa)) {
@@ -348,9 +355,14 @@ int main(int argc, char** argv) {
   // (single-block fused out: attention | MLP); M = tokens.
   std::vector<Shape3> shapes;
   if (ms.empty()) ms = quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 1024, 1536};
+  std::vector<std::pair<int64_t, int64_t>> kns = {{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}, {12288, 3072}};
+  if (!kn.empty()) {
+    kns.clear();
+    for (size_t i = 0; i < kn.size(); i += 2) kns.push_back({kn[i], kn[i + 1]});
+  }
   for (int64_t M : ms)
-    for (auto [K, N] : {std::pair<int64_t, int64_t>{3072, 3072}, {3072, 9216}, {3072, 18432}, {9216, 3072}, {12288, 3072}})
-      if (!quick || (N != 18432 && K != 12288)) shapes.push_back({M, K, N});
+    for (auto [K, N] : kns)
+      if (!kn.empty() || !quick || (N != 18432 && K != 12288)) shapes.push_back({M, K, N});
   for (const Shape3& s : shapes) {
     std::vector<uint16_t> wb(s.N * s.K);
     std::vector<int8_t> wq(s.N * s.K);

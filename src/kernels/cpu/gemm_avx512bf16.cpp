@@ -49,15 +49,18 @@ struct Bf16Op : Bf16Dot {
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
             ThreadPool& pool, int64_t ldx, int64_t ldy) {
   const int64_t KU = (K + 1) / 2;
-  std::vector<uint16_t> xa(M * KU * 2);  // [M, KU] bf16 pairs of x
+  // Rows lda units apart: a stride of a multiple of 2 KB would make zgemm copy every sliver
+  // (gemm_avx512_common.h), so such rows get one more cache line.
+  const int64_t lda = (KU * 4) % 2048 == 0 ? KU + 16 : KU;
+  std::vector<uint16_t> xa(M * lda * 2);  // [M, lda] bf16 pairs of x
   pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
-      uint16_t* d = xa.data() + m * KU * 2;
+      uint16_t* d = xa.data() + m * lda * 2;
       f32_to_bf16_row(x + m * ldx, K, d);
       if (K % 2) d[K] = 0;
     }
   }, 16);
-  zgemm<Bf16Op>(reinterpret_cast<const uint32_t*>(xa.data()), KU, M, KU, W, bias_f32, y, pool, ldy);
+  zgemm<Bf16Op>(reinterpret_cast<const uint32_t*>(xa.data()), lda, M, KU, W, bias_f32, y, pool, ldy);
 }
 
 }  // namespace klein::kernels::avx512bf16

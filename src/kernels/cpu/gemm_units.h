@@ -66,15 +66,19 @@ struct UnitScratch {
 // n rows of K bytes (K apart) as rows of Kp ≥ K bytes, K rounded up to whole 4-byte units: the
 // rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
 // whole units). Returns {rows, row stride}.
+// With `spread`, rows whose stride would be a multiple of 2 KB are copied too, to a stride of
+// one more cache line (see int8_direct_block).
 inline std::pair<const uint8_t*, int64_t> unit_padded_rows(const uint8_t* src, int64_t K, int64_t Kp, int64_t n,
-                                                           UnitScratch& buf) {
-  if (K == Kp) return {src, K};
-  uint8_t* c = buf.get<uint8_t>(n * Kp);
+                                                           UnitScratch& buf, bool spread = false) {
+  const bool conflicting = spread && Kp % 2048 == 0;
+  if (K == Kp && !conflicting) return {src, K};
+  const int64_t ld = conflicting ? Kp + 64 : Kp;
+  uint8_t* c = buf.get<uint8_t>(n * ld);
   for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(c + j * Kp, src + j * K, K);
-    std::memset(c + j * Kp + K, 0, Kp - K);
+    std::memcpy(c + j * ld, src + j * K, K);
+    std::memset(c + j * ld + K, 0, Kp - K);
   }
-  return {c, Kp};
+  return {c, ld};
 }
 
 // Rows [c0, c1) as micro-kernel slivers of at most mr rows, sizes as even as possible (128 rows
