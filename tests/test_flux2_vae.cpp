@@ -456,7 +456,8 @@ TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
 // random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
 // whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
 // both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS),
-// or encode (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image instead).
+// or encode (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image instead);
+// KLEIN_FULL_VAE_PRECISION fp32 (default) or fast picks the kernels.
 namespace klein {
 namespace {
 
@@ -468,7 +469,10 @@ TEST(Flux2VaeTiled, FullSizeMeasurement) {
   const std::string mode = env("KLEIN_FULL_VAE_MODE", "compare");
   auto vae = Flux2Vae::load(fs::path(dir));
   ASSERT_TRUE(vae.ok()) << vae.status().to_string();
-  CpuBackend pool(CpuBackendOptions{2});
+  const std::string precision = env("KLEIN_FULL_VAE_PRECISION", "fp32");  // fp32 | fast
+  ASSERT_TRUE(precision == "fp32" || precision == "fast") << "KLEIN_FULL_VAE_PRECISION=" << precision;
+  CpuBackend pool(CpuBackendOptions{
+      .threads = 2, .precision = precision == "fast" ? kernels::Precision::kFast : kernels::Precision::kFp32});
   RunContext ctx;
   ctx.backend = &pool;
   std::mt19937 rng(31);
