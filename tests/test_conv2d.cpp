@@ -181,6 +181,10 @@ std::vector<ConvCase> cases() {
   v.push_back({2, 5, 6, 7, 2, 3, 3, 1, 1, 1, 1, 1, true, true, false, false, true});
   v.push_back({1, 7, 8, 16, 6, 3, 3, 1, 0, 2, 2, 0, false, false, false, false, false});
   v.push_back({1, 4, 11, 40, 5, 3, 3, 1, 1, 1, 1, 1, false, false, true, false, true});
+  // Upsampling convs past the direct path's Cout (the AVX512_BF16 conv's sub-pixel form): several
+  // channel chunks and pixel tiles, a partial tile and sliver, an odd Cin, two batch items.
+  v.push_back({1, 130, 5, 37, 30, 3, 3, 1, 1, 1, 1, 1, true, true, true, true, true});
+  v.push_back({2, 9, 7, 16, 17, 3, 3, 1, 1, 1, 1, 1, true, false, false, false, false});
   return v;
 }
 
@@ -221,7 +225,7 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   const auto fast = kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
   std::mt19937 rng(81);
   ThreadPool pool1(1), pool3(3);
-  int i = 0, n_bf16 = 0;
+  int i = 0, n_bf16 = 0, n_subpixel = 0;
   for (const auto& c : cases())
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       ThreadPool& pool = (i++ % 2 == 0) ? pool1 : pool3;
@@ -249,7 +253,15 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       std::vector<float> y = random_vec(on, rng), yr(y);
       const Weight* bp = c.bias ? &b.w : nullptr;
       kernels::run_conv2d(fast, x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
-      if (bf16)
+      bool subpixel = false;  // the AVX512_BF16 conv's sub-pixel form of an upsampling conv
+#if defined(KLEIN_X86)
+      subpixel = bf16 && fast.get(kernels::Op::kConv2d, dt).name == "conv2d_bf16_avx512bf16" &&
+                 kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      n_subpixel += subpixel;
+#endif
+      if (subpixel)
+        kernels::ref::conv2d_bf16_subpixel(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
+      else if (bf16)
         kernels::ref::conv2d_bf16(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else
         kernels::ref::conv2d(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
@@ -270,6 +282,60 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   // The bf16 conv is the fast row exactly where the CPU (and this parameter) has AVX512_BF16.
   const bool has_bf16 = CpuFeatures::host().has(Isa::kAvx512Bf16) && GetParam() >= Isa::kAvx512Bf16;
   EXPECT_EQ(n_bf16 > 0, has_bf16);
+  // ... and takes the sub-pixel form exactly where that conv is the AVX512_BF16 one.
+  const bool has_subpixel = has_bf16 && GetParam() == Isa::kAvx512Bf16;
+  EXPECT_EQ(n_subpixel > 0, has_subpixel);
+}
+
+// The sub-pixel form's reference against the upsampled conv's, on values for which every sum of
+// taps, every bf16 rounding and every double sum is exact (small integers, quarters): the two
+// must agree to the last bit, so any tap of a phase read from the wrong row or column, or summed
+// from the wrong 3×3 taps, shows. Then on random values, within the bf16 rounding of the sums.
+TEST(Conv2dRef, SubpixelFormEqualsUpsampledConv) {
+  std::mt19937 rng(83);
+  std::uniform_int_distribution<int> small(-3, 3), quarters(-8, 8);
+  for (const bool prologue : {false, true}) {
+    const int64_t Cin = 5, H = 6, W = 7, Cout = 4, on = Cout * 4 * H * W;
+    std::vector<float> x(Cin * H * W), wv(Cout * Cin * 9), bv(Cout), scale(Cin), shift(Cin);
+    for (auto& v : x) v = 0.25f * static_cast<float>(quarters(rng));
+    for (auto& v : wv) v = static_cast<float>(small(rng));
+    for (auto& v : bv) v = static_cast<float>(small(rng));
+    for (auto& v : scale) v = static_cast<float>(1 + (small(rng) & 1));  // 1 or 2
+    for (auto& v : shift) v = 0.5f * static_cast<float>(small(rng));
+    auto w = make_weight(DType::kF32, {Cout, Cin, 3, 3}, wv);
+    auto b = make_weight(DType::kF32, {Cout}, bv);
+    kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+    p.upsample2x = true;
+    if (prologue) p.in_scale = scale.data(), p.in_shift = shift.data();
+    ASSERT_TRUE(kernels::conv2d_subpixel_form(3, 3, p));
+    std::vector<float> ys(on, 1.0f), yr(on, 1.0f);
+    p.accumulate = prologue;  // both ways
+    kernels::ref::conv2d_bf16_subpixel(x.data(), 1, Cin, H, W, w.w, &b.w, ys.data(), p);
+    kernels::ref::conv2d(x.data(), 1, Cin, H, W, w.w, &b.w, yr.data(), p);
+    for (int64_t k = 0; k < on; ++k) ASSERT_EQ(ys[k], yr[k]) << "output " << k << " prologue " << prologue;
+  }
+  // Random values: the summed taps round once to bf16 where conv2d_bf16 rounds each tap.
+  const int64_t Cin = 16, H = 5, W = 9, Cout = 6, on = Cout * 4 * H * W;
+  const auto x = random_vec(Cin * H * W, rng, -2, 2);
+  auto w = make_weight(DType::kBF16, {Cout, Cin, 3, 3}, random_vec(Cout * Cin * 9, rng));
+  kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+  p.upsample2x = true;
+  std::vector<float> ys(on), yb(on);
+  kernels::ref::conv2d_bf16_subpixel(x.data(), 1, Cin, H, W, w.w, nullptr, ys.data(), p);
+  kernels::ref::conv2d_bf16(x.data(), 1, Cin, H, W, w.w, nullptr, yb.data(), p);
+  double num = 0, den = 0;
+  for (int64_t k = 0; k < on; ++k) num += (ys[k] - yb[k]) * (ys[k] - yb[k]), den += yb[k] * yb[k];
+  EXPECT_LT(std::sqrt(num / den), 4e-3);  // bf16's 2^-9 relative rounding, averaged over the sums
+  EXPECT_GT(std::sqrt(num / den), 0.0);   // and not the same arithmetic
+  // Only the sub-pixel shape is accepted.
+  kernels::Conv2dParams q = kernels::Conv2dParams::same(3);
+  EXPECT_FALSE(kernels::conv2d_subpixel_form(3, 3, q));
+  q.upsample2x = true;
+  EXPECT_FALSE(kernels::conv2d_subpixel_form(1, 1, q));
+  q.pad_right = 0;
+  EXPECT_FALSE(kernels::conv2d_subpixel_form(3, 3, q));
+  EXPECT_THROW(kernels::ref::conv2d_bf16_subpixel(x.data(), 1, Cin, H, W, w.w, nullptr, ys.data(), q),
+               std::invalid_argument);
 }
 
 TEST_P(Conv2d, EveryWeightFormat) {

@@ -410,14 +410,20 @@ int main(int argc, char** argv) {
   };
   struct ConvShape {
     int64_t C, H;
+    bool up = false;  // Upsample2D's conv: the input ×2 first (H is the input's size)
   };
-  // (+ the encoder's full-resolution ones at a 512² reference: 128 ch at 512², 256 at 256²)
-  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256}, {256, 256}, {128, 512}};
-  if (quick) conv_shapes = {{512, 32}, {128, 128}};
+  // (+ the encoder's full-resolution ones at a 512² reference: 128 ch at 512², 256 at 256²; and
+  // the decoder's upsampling convs at a 256² image, 512 ch 64² → 128², 256 ch 128² → 256². Their
+  // flops are counted as the upsampled 3×3 conv's, so the AVX512_BF16 conv's sub-pixel form —
+  // 4 of the 9 products — can show more than its peak.)
+  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256},     {256, 256},
+                                        {128, 512}, {512, 64, true}, {256, 128, true}};
+  if (quick) conv_shapes = {{512, 32}, {128, 128}, {256, 32, true}};
   for (const ConvShape& cs : conv_shapes) {
+    const int64_t OH = cs.up ? 2 * cs.H : cs.H;
     std::vector<uint16_t> wb(cs.C * cs.C * 9);
     for (auto& e : wb) e = f32_to_bf16(0.05f * dist(rng));
-    std::vector<float> x(cs.C * cs.H * cs.H), y(x.size()), sc(cs.C), sh(cs.C);
+    std::vector<float> x(cs.C * cs.H * cs.H), y(cs.C * OH * OH), sc(cs.C), sh(cs.C);
     for (auto& e : x) e = dist(rng);
     for (int64_t c = 0; c < cs.C; ++c) sc[c] = 1 + 0.1f * dist(rng), sh[c] = 0.1f * dist(rng);
     Weight W;
@@ -427,7 +433,8 @@ int main(int argc, char** argv) {
     W.data = wb.data();
     kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
     p.in_scale = sc.data(), p.in_shift = sh.data(), p.in_silu = true;
-    const double flop = 2.0 * cs.C * cs.C * 9 * cs.H * cs.H;
+    p.upsample2x = cs.up;
+    const double flop = 2.0 * cs.C * cs.C * 9 * OH * OH;
     for (const Variant& v : conv_variants) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
       if (set.get(kernels::Op::kConv2d, v.format).name != v.kernel || !wanted(v.kernel)) continue;
@@ -435,7 +442,7 @@ int main(int argc, char** argv) {
         kernels::run_conv2d(set, x.data(), 1, cs.C, cs.H, cs.H, W, nullptr, y.data(), p, pool);
       });
       rows.push_back({std::string(v.kernel) + " 3x3 C=" + std::to_string(cs.C) + " @" + std::to_string(cs.H) + "x" +
-                          std::to_string(cs.H) + " +gn-silu",
+                          std::to_string(cs.H) + (cs.up ? " up2x (9-tap flops)" : "") + " +gn-silu",
                       pool.size(), flop, t, v.peak});
     }
   }

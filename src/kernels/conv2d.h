@@ -52,6 +52,24 @@ int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b,
 // in: [N, Cin, H, W] contiguous; w: [Cout, Cin, kh, kw]; bias: [Cout] (f32/f16/bf16) or null;
 // out: [N, Cout, OH, OW] contiguous (sizes from conv2d_out_size). `out` must not overlap `in`.
 
+// The sub-pixel form of a nearest ×2 upsampling followed by a 3×3 conv with padding 1 and stride 1
+// (the VAE decoder's Upsample2D): output pixel (2a + dy, 2b + dx) reads input rows a − 1 + dy + ty
+// and columns b − 1 + dx + tx only (ty, tx ∈ {0, 1}), so each of the four phases (dy, dx) is a 2×2
+// conv of the input itself whose tap (ty, tx) is the sum of the 3×3 taps ky ∈ [subpixel_lo(dy, ty),
+// subpixel_hi(dy, ty)], kx likewise — 4 products per output pixel and channel instead of 9. The
+// AVX512_BF16 conv computes these convs so under Precision::kFast, the sums formed in float (ky
+// then kx ascending, from 0) and rounded to bf16 (ref::conv2d_bf16_subpixel).
+bool conv2d_subpixel_form(int64_t KH, int64_t KW, const Conv2dParams& p);
+constexpr int subpixel_lo(int d, int t) { return t == 0 ? 0 : 1 + d; }
+constexpr int subpixel_hi(int d, int t) { return t == 0 ? d : 2; }
+// Tap (ty, tx) of phase (dy, dx) from one 3×3 kernel k[ky·3 + kx], summed as described above.
+inline float subpixel_tap(const float* k, int dy, int dx, int ty, int tx) {
+  float s = 0.0f;
+  for (int ky = subpixel_lo(dy, ty); ky <= subpixel_hi(dy, ty); ++ky)
+    for (int kx = subpixel_lo(dx, tx); kx <= subpixel_hi(dx, tx); ++kx) s += k[ky * 3 + kx];
+  return s;
+}
+
 namespace ref {
 // Scalar reference: materialises the transformed (upsampled, prologue-applied) input, then the
 // plain 7-deep loop accumulating in double. The yardstick for the fast paths; slow.
@@ -61,6 +79,11 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
 // rounded to bf16 (round-to-nearest-even), then the same double sums; bias and output in float.
 void conv2d_bf16(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                  const Weight* bias, float* out, const Conv2dParams& p);
+// conv2d_bf16's arithmetic on the sub-pixel form (conv2d_subpixel_form(3, 3, p) must hold): the
+// transformed input and each phase's summed taps (subpixel_tap of the float weight) rounded to
+// bf16, double sums. Equal to conv2d_bf16 up to the rounding of the summed taps.
+void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                          const Weight* bias, float* out, const Conv2dParams& p);
 }  // namespace ref
 
 namespace blocked {

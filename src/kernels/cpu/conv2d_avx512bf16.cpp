@@ -14,6 +14,8 @@
 //   build S (≤ ~512 KB, so it stays in L2) → per chunk, per ≤ 14-row sliver of Cout, per
 //   32-pixel tile: 9 taps × 32 pairs of units into the NCHW output (bias set first).
 // Strided convs (the encoder's downsamplers) take the im2col path of conv2d_avx512_common.h.
+// The decoder's upsampling convs take the direct path in their sub-pixel form
+// (conv2d_subpixel_direct below): 4 of the 9 taps' products per output pixel.
 #include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/conv2d_avx512_common.h"
 #include "kernels/cpu/conv2d_bf16_direct.h"
@@ -66,13 +68,75 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
   }
 }
 
+// The sub-pixel form (conv2d_subpixel_form, kernels/conv2d.h): the strip is built from the
+// input itself (no upsampling, so a quarter of the upsampled strip's units), and each of its
+// bands gives 2 × rows output rows through four 4-tap passes, one per phase (dy, dx), whose
+// micro-kernel adds column j into output column 2j + dx of row 2a + dy.
+void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                     const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], CP = (Cin + 1) / 2, U = subpixel_lda(CP), OW = 2 * W, P = 4 * H * W;
+  const std::vector<uint16_t> wd = subpixel_weights(w, Cout, Cin, CP, pool);
+  const auto* A = reinterpret_cast<const uint32_t*>(wd.data());
+  const ConvBias cb = conv_bias(bias, Cout);
+  Conv2dParams pl = p;
+  pl.upsample2x = false;  // the strip frames the input at its own size, padded by 1
+  ConvGeom g = conv_geom(Cin, H, W, 3, 3, H, W, pl);
+
+  const DirectPlan d = direct_plan(Cout, H, W, 3, 3, CP, kZMR, pool.size());
+  const int64_t LD = d.LD;
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      static thread_local UnitScratch strip_buf;
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const DirectPlan::Task tk = d.task(t, H, 3, Cout);
+        const int64_t a0 = tk.oy0, rows_b = tk.rows, R = tk.R, c0 = tk.c0, c1 = tk.c1;
+        if (c0 >= c1) continue;
+        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
+        build_strip(g, CP, a0, R, LD, S);
+        conv_init_rows(o, P, c0, c1, 2 * a0 * OW, 2 * rows_b * OW, cb, p.accumulate);
+        const Slivers sl(c0, c1, kZMR);
+        for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
+          const int64_t cpc = std::min(kCPC, CP - cp0);
+          for (int64_t i = 0; i < sl.n; ++i)
+            for (int ph = 0; ph < 4; ++ph) {
+              const int64_t dy = ph / 2, dx = ph % 2;
+              // Tap (ty, tx) reads strip row rr + dy + ty (input row a − 1 + dy + ty), column x + dx + tx.
+              const int64_t toff[4] = {dy * LD + dx, dy * LD + dx + 1, (dy + 1) * LD + dx, (dy + 1) * LD + dx + 1};
+              const int64_t co = sl.begin(i);
+              const uint32_t* a = A + (ph * Cout + co) * U + 4 * cp0;
+              for (int64_t rr = 0; rr < rows_b; ++rr)
+                for (int64_t xt = 0; xt < d.n_xt; ++xt) {
+                  const int cols = static_cast<int>(std::min<int64_t>(kZNR, W - xt * kZNR));
+                  const uint32_t* b = S + (cp0 * R + rr) * LD + xt * kZNR;
+                  float* c = o + co * P + (2 * (a0 + rr) + dy) * OW + 2 * xt * kZNR;
+                  if (dx == 0)
+                    zukernel_taps_rows<Bf16Dot, 0>(sl.rows(i), a, U, b, toff, 4, cpc, R * LD, c, P, true, cols);
+                  else
+                    zukernel_taps_rows<Bf16Dot, 1>(sl.rows(i), a, U, b, toff, 4, cpc, R * LD, c, P, true, cols);
+                }
+            }
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
+
+bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW) {
+  return conv2d_subpixel_form(KH, KW, p) && !avx2::conv2d_is_direct(Cout, p);
+}
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool) {
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
-  if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
+  if (conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))
+    conv2d_subpixel_direct(in, N, Cin, H, W, w, bias, out, p, pool);
+  else if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
   else
     conv2d_zmm<Bf16Dot>(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);

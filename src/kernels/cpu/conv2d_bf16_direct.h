@@ -59,8 +59,21 @@ inline DirectPlan direct_plan(int64_t Cout, int64_t OH, int64_t OW, int64_t KH, 
   return d;
 }
 
-// The weight as bf16 pair units [Cout][T·CP], chunk-major (see top); zero past Cin (CP may be
-// padded past Cin / 2: those pairs are zero).
+// One output channel's weight h[Cin][T] (bf16) as pair units d[T·CP], chunk-major: per chunk of
+// kCPC pairs, per tap, per pair; zero past Cin (CP may be padded past Cin / 2: those pairs are zero).
+inline void direct_weight_row(const uint16_t* h, int64_t Cin, int64_t T, int64_t CP, uint16_t* d) {
+  for (int64_t ch = 0; ch * kCPC < CP; ++ch) {
+    const int64_t cp0 = ch * kCPC, cpc = std::min(kCPC, CP - cp0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < cpc; ++i) {
+        const int64_t c = 2 * (cp0 + i), u = T * cp0 + t * cpc + i;
+        d[2 * u] = c < Cin ? h[c * T + t] : uint16_t{0};
+        d[2 * u + 1] = c + 1 < Cin ? h[(c + 1) * T + t] : uint16_t{0};
+      }
+  }
+}
+
+// The weight as bf16 pair units [Cout][T·CP] (direct_weight_row per output channel).
 std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t T, int64_t CP,
                                      ThreadPool& pool) {
   const int64_t U = T * CP, K = Cin * T;
@@ -71,15 +84,33 @@ std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin,
     for (int64_t co = b; co < e; ++co) {
       weight_row_f32(w, co, K, f.data());  // [Cin][T]
       f32_to_bf16_row(f.data(), K, h.data());
-      uint16_t* d = out.data() + co * U * 2;
-      for (int64_t ch = 0; ch * kCPC < CP; ++ch) {
-        const int64_t cp0 = ch * kCPC, cpc = std::min(kCPC, CP - cp0);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < cpc; ++i) {
-            const int64_t c = 2 * (cp0 + i), u = T * cp0 + t * cpc + i;
-            d[2 * u] = c < Cin ? h[c * T + t] : uint16_t{0};
-            d[2 * u + 1] = c + 1 < Cin ? h[(c + 1) * T + t] : uint16_t{0};
-          }
+      direct_weight_row(h.data(), Cin, T, CP, out.data() + co * U * 2);
+    }
+  });
+  return out;
+}
+
+// Units per output channel of the sub-pixel weights: 4·CP, one line more — the VAE's CP = 128 /
+// 256 put 4·CP units 2 / 4 KB apart, so a sliver's 14 rows would share L1 sets (the 512-channel
+// 64² → 128² conv ran at 53 % of the vdpbf16ps peak so, at 72 % with the line).
+constexpr int64_t subpixel_lda(int64_t CP) { return 4 * CP + 16; }
+
+// The sub-pixel form's weights (conv2d_subpixel_form: a 3×3 conv of the ×2 upsampled input) as
+// four 2×2 convs' pair units [phase = dy·2 + dx][Cout][subpixel_lda(CP)]: tap (ty, tx) =
+// subpixel_tap of the float weight, rounded to bf16 (ref::conv2d_bf16_subpixel's).
+inline std::vector<uint16_t> subpixel_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ThreadPool& pool) {
+  const int64_t U = subpixel_lda(CP);
+  std::vector<uint16_t> out(static_cast<size_t>(4 * Cout * U * 2), 0);
+  pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
+    std::vector<float> f(Cin * 9), f4(Cin * 4);
+    std::vector<uint16_t> h(Cin * 4);
+    for (int64_t co = b; co < e; ++co) {
+      weight_row_f32(w, co, Cin * 9, f.data());  // [Cin][3][3]
+      for (int ph = 0; ph < 4; ++ph) {
+        for (int64_t ci = 0; ci < Cin; ++ci)
+          for (int t = 0; t < 4; ++t) f4[ci * 4 + t] = subpixel_tap(f.data() + ci * 9, ph / 2, ph % 2, t / 2, t % 2);
+        f32_to_bf16_row(f4.data(), Cin * 4, h.data());
+        direct_weight_row(h.data(), Cin, 4, CP, out.data() + (ph * Cout + co) * U * 2);
       }
     }
   });

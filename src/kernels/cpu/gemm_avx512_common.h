@@ -98,9 +98,12 @@ inline void quantize_row_int8_z(const float* x, int64_t K, int64_t Kp, uint8_t* 
 // bcast(const A* unit) → __m512 and madd(c, a, b) → c + a·b per unit. cols ≤ 32 valid columns.
 // Generalised for the direct bf16 conv: the units come in `ntap` runs of nq (A's columns
 // t·nq + q), run t reading B rows at b + toff[t] + q·ldb; the GEMM has one run with ldb = 32.
+// kPhase ≥ 0 (the sub-pixel upsampling conv, conv2d_avx512bf16.cpp): column j of C is added
+// into c[2j + kPhase] instead (accumulate implied; the other lanes untouched), cols ≤ 32 still
+// counting C's columns.
 // noinline: inlined into the driver, GCC may keep stack copies of the accumulators in the loop
 // (seen in the int8 kernels).
-template <class Op, int R>
+template <class Op, int R, int kPhase = -1>
 __attribute__((noinline)) void zukernel_taps(const typename Op::A* a, int64_t lda, const uint32_t* b,
                                              const int64_t* toff, int ntap, int64_t nq, int64_t ldb, float* c,
                                              int64_t ldc, bool accumulate, const float* init, int cols) {
@@ -135,6 +138,31 @@ __attribute__((noinline)) void zukernel_taps(const typename Op::A* a, int64_t ld
 #undef KLEIN_Z_NEXT
   }
 #undef KLEIN_Z_ROW
+  if constexpr (kPhase >= 0) {
+    // Lane l of the span's vector h (0-3) takes column 8h + l / 2 where l % 2 = kPhase.
+    const __m512i half = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+    const __m512i half8 = _mm512_add_epi32(half, _mm512_set1_epi32(8));
+    const auto lanes = static_cast<__mmask16>(kPhase ? 0xaaaa : 0x5555);
+    const __mmask16 n0 = lanes & col_mask(2 * cols), n1 = lanes & col_mask(std::max(0, 2 * cols - 16));
+    const __mmask16 n2 = lanes & col_mask(std::max(0, 2 * cols - 32)), n3 = lanes & col_mask(std::max(0, 2 * cols - 48));
+    // (maskz permutes: GCC 12 warns of the plain one's undefined pass-through operand.)
+#define KLEIN_Z_PHASE(cr, m, idx, v) \
+  _mm512_mask_storeu_ps(cr, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, cr), _mm512_maskz_permutexvar_ps(m, idx, v)))
+#define KLEIN_Z_STORE(r)                              \
+  if constexpr (R > r) {                              \
+    float* cr = c + r * ldc;                          \
+    KLEIN_Z_PHASE(cr, n0, half, c##r##_0);            \
+    KLEIN_Z_PHASE(cr + 16, n1, half8, c##r##_0);      \
+    KLEIN_Z_PHASE(cr + 32, n2, half, c##r##_1);       \
+    KLEIN_Z_PHASE(cr + 48, n3, half8, c##r##_1);      \
+  }
+    KLEIN_Z_STORE(0) KLEIN_Z_STORE(1) KLEIN_Z_STORE(2) KLEIN_Z_STORE(3) KLEIN_Z_STORE(4) KLEIN_Z_STORE(5)
+    KLEIN_Z_STORE(6) KLEIN_Z_STORE(7) KLEIN_Z_STORE(8) KLEIN_Z_STORE(9) KLEIN_Z_STORE(10) KLEIN_Z_STORE(11)
+    KLEIN_Z_STORE(12) KLEIN_Z_STORE(13)
+#undef KLEIN_Z_STORE
+#undef KLEIN_Z_PHASE
+    return;
+  }
 #define KLEIN_Z_STORE(r)                                                        \
   if constexpr (R > r) {                                                        \
     float* cr = c + r * ldc;                                                    \
@@ -172,17 +200,17 @@ void zukernel_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_
   }
 }
 
-template <class Op>
+template <class Op, int kPhase = -1>
 void zukernel_taps_rows(int rows, const typename Op::A* a, int64_t lda, const uint32_t* b, const int64_t* toff,
                         int ntap, int64_t nq, int64_t ldb, float* c, int64_t ldc, bool accumulate, int cols) {
   switch (rows) {
 #define KLEIN_Z_CASE(n) \
-  case n: zukernel_taps<Op, n>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
+  case n: zukernel_taps<Op, n, kPhase>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
     KLEIN_Z_CASE(14) KLEIN_Z_CASE(13) KLEIN_Z_CASE(12) KLEIN_Z_CASE(11) KLEIN_Z_CASE(10) KLEIN_Z_CASE(9)
     KLEIN_Z_CASE(8) KLEIN_Z_CASE(7) KLEIN_Z_CASE(6) KLEIN_Z_CASE(5) KLEIN_Z_CASE(4) KLEIN_Z_CASE(3)
     KLEIN_Z_CASE(2)
 #undef KLEIN_Z_CASE
-    default: zukernel_taps<Op, 1>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
+    default: zukernel_taps<Op, 1, kPhase>(a, lda, b, toff, ntap, nq, ldb, c, ldc, accumulate, nullptr, cols); break;
   }
 }
 

@@ -17,6 +17,11 @@ int64_t conv2d_out_size(int64_t in, int64_t k, int stride, int pad_a, int pad_b,
   return span / stride + 1;
 }
 
+bool conv2d_subpixel_form(int64_t KH, int64_t KW, const Conv2dParams& p) {
+  return p.upsample2x && KH == 3 && KW == 3 && p.stride == 1 && p.pad_top == 1 && p.pad_bottom == 1 &&
+         p.pad_left == 1 && p.pad_right == 1;
+}
+
 namespace ref {
 
 namespace {
@@ -80,6 +85,55 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
 void conv2d_bf16(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                  const Weight* bias, float* out, const Conv2dParams& p) {
   conv2d_impl(in, N, Cin, H, W, w, bias, out, p, true);
+}
+
+void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                          const Weight* bias, float* out, const Conv2dParams& p) {
+  if (w.shape.size() != 4 || w.shape[1] != Cin || !conv2d_subpixel_form(w.shape[2], w.shape[3], p))
+    throw std::invalid_argument("ref::conv2d_bf16_subpixel: weight " + w.name +
+                                " is not a 3x3 upsampling conv with padding 1 over " + std::to_string(Cin) +
+                                " channels");
+  const int64_t Cout = w.shape[0], OW = 2 * W, HP = H + 2, WP = W + 2;
+  auto round = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+  const Tensor wf = weight_to_tensor(w);  // [Cout, Cin, 3, 3]
+  std::vector<float> w4(4 * Cout * Cin * 4);  // [phase][Cout][Cin][ty·2 + tx]
+  for (int ph = 0; ph < 4; ++ph)
+    for (int64_t k = 0; k < Cout * Cin; ++k)
+      for (int t = 0; t < 4; ++t)
+        w4[(ph * Cout * Cin + k) * 4 + t] = round(subpixel_tap(wf.data() + k * 9, ph / 2, ph % 2, t / 2, t % 2));
+  std::vector<float> b(Cout, 0.0f);
+  if (bias && !bias->empty()) weight_to_f32(*bias, 0, Cout, b.data());
+
+  std::vector<float> xp(Cin * HP * WP);  // the transformed input, not upsampled, padded by 1
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = in + n * Cin * H * W;
+    std::fill(xp.begin(), xp.end(), 0.0f);
+    for (int64_t c = 0; c < Cin; ++c)
+      for (int64_t y = 0; y < H; ++y)
+        for (int64_t xx = 0; xx < W; ++xx) {
+          float v = x[(c * H + y) * W + xx];
+          if (p.in_scale || p.in_shift)
+            v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
+          if (p.in_silu) v = v / (1.0f + std::exp(-v));
+          xp[(c * HP + y + 1) * WP + xx + 1] = round(v);
+        }
+    float* o = out + n * Cout * 2 * H * OW;
+    for (int ph = 0; ph < 4; ++ph) {
+      const int dy = ph / 2, dx = ph % 2;
+      for (int64_t co = 0; co < Cout; ++co)
+        for (int64_t a = 0; a < H; ++a)
+          for (int64_t bx = 0; bx < W; ++bx) {
+            double acc = b[co];
+            // Padded row a + dy + ty is input row a − 1 + dy + ty; columns likewise.
+            for (int64_t ci = 0; ci < Cin; ++ci)
+              for (int t = 0; t < 4; ++t)
+                acc += static_cast<double>(w4[((ph * Cout + co) * Cin + ci) * 4 + t]) *
+                       xp[(ci * HP + a + dy + t / 2) * WP + bx + dx + t % 2];
+            float& dst = o[(co * 2 * H + 2 * a + dy) * OW + 2 * bx + dx];
+            dst = p.accumulate ? static_cast<float>(dst + acc) : static_cast<float>(acc);
+          }
+    }
+  }
 }
 
 }  // namespace ref
