@@ -22,11 +22,12 @@
 // whole effect of quantization. So:
 //   - arithmetic without activation rounding (q4 dequantized to float32, float32 float layers;
 //     the VAE wherever its convs are float32): every boundary <= 1e-4;
-//   - the VAE's image where its convs round to bf16 (AVX512_BF16): within 1.25 × the oracle's
-//     own envelope. A single flipped bf16 input of the tiny VAE's mid-block attention moves the
-//     image by ~7e-3 (measured), as far as bf16 convs are from float32 ones, so on the tiny model
-//     this bound cannot tell those apart; test_conv2d.cpp's FastMatchesItsRef pins the conv's
-//     bf16 arithmetic against ref::conv2d_bf16 instead;
+//   - the VAE's image where its convs round to bf16 (AVX512_BF16, AMX): within 1.25 × the
+//     oracle's own envelope or kBf16ConvImage, whichever is larger. A single flipped bf16 input of
+//     the tiny VAE's mid-block attention moves the image by ~7e-3 (measured), as far as bf16 convs
+//     are from float32 ones, so on the tiny model this bound cannot tell those apart;
+//     test_conv2d.cpp's FastMatchesItsRef pins the conv's bf16 arithmetic against
+//     ref::conv2d_bf16 (and ref::conv2d_bf16_subpixel) instead;
 //   - text-encoder layers: at most 1 % of the 512 tokens beyond 1e-4 (a flip moves one token);
 //   - transformer steps: within half the distance between the reference and the same
 //     computation without quantization (rel_to_unquantized), i.e. klein computes the quantized
@@ -35,6 +36,7 @@
 //     (their flip envelope reaches the size of the quantization effect).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -54,6 +56,13 @@ using namespace klein;
 namespace {
 
 fs::path ref_root() { return klein::testing::data_dir() / "ref_quant"; }
+
+// The tiny VAE's image with bf16 convs is 6e-3 to 1.3e-2 from the float32 one (measured on Zen 4
+// from the q8 and q4 fixtures' latents; the AVX512_BF16 conv's sub-pixel upsampling, whose summed
+// taps round once, moved the q4 one from 6.1e-3 to 1.2e-2 and the q8 one from 1.2e-2 to
+// 1.3e-2), while the q4 fixture's envelope is 5.9e-3. A conv that reads a wrong tap, row or chunk
+// moves it by far more than 1e-1.
+constexpr double kBf16ConvImage = 2e-2;
 
 nlohmann::json manifest() {
   auto j = read_json_file(ref_root() / "manifest.json");
@@ -346,7 +355,7 @@ TEST_P(QuantRefPipeline, MatchesTheOracleAtEveryBoundary) {
     for (const char* f : {"latents_final", "image"}) {
       err[f] = rel(load(dump / (std::string(f) + ".npy")), load(dir / (std::string(f) + ".npy")));
       if (bf16_convs && std::string(f) == "image")
-        EXPECT_LE(err[f], 1.25 * c["envelope"]["rel"]["image"].back().get<double>()) << f;
+        EXPECT_LE(err[f], std::max(kBf16ConvImage, 1.25 * c["envelope"]["rel"]["image"].back().get<double>())) << f;
       else
         EXPECT_LE(err[f], 1e-4) << f;
     }
