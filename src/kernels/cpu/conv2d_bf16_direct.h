@@ -61,15 +61,18 @@ inline DirectPlan direct_plan(int64_t Cout, int64_t OH, int64_t OW, int64_t KH, 
 
 // One output channel's weight h[Cin][T] (bf16) as pair units d[T·CP], chunk-major: per chunk of
 // kCPC pairs, per tap, per pair; zero past Cin (CP may be padded past Cin / 2: those pairs are zero).
-inline void direct_weight_row(const uint16_t* h, int64_t Cin, int64_t T, int64_t CP, uint16_t* d) {
-  for (int64_t ch = 0; ch * kCPC < CP; ++ch) {
-    const int64_t cp0 = ch * kCPC, cpc = std::min(kCPC, CP - cp0);
+// Through ht[T][2·CP], h by tap, where a tap's pairs are consecutive: one copy per chunk and tap
+// (the element-wise reorder was 2.7 % of a 256² decode).
+inline void direct_weight_row(const uint16_t* h, int64_t Cin, int64_t T, int64_t CP, uint16_t* ht, uint16_t* d) {
+  for (int64_t t = 0; t < T; ++t) {
+    uint16_t* r = ht + t * 2 * CP;
+    for (int64_t c = 0; c < Cin; ++c) r[c] = h[c * T + t];
+    std::fill(r + Cin, r + 2 * CP, uint16_t{0});
+  }
+  for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC) {
+    const int64_t cpc = std::min(kCPC, CP - cp0);
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < cpc; ++i) {
-        const int64_t c = 2 * (cp0 + i), u = T * cp0 + t * cpc + i;
-        d[2 * u] = c < Cin ? h[c * T + t] : uint16_t{0};
-        d[2 * u + 1] = c + 1 < Cin ? h[(c + 1) * T + t] : uint16_t{0};
-      }
+      std::memcpy(d + 2 * (T * cp0 + t * cpc), ht + t * 2 * CP + 2 * cp0, static_cast<size_t>(cpc) * 4);
   }
 }
 
@@ -80,11 +83,11 @@ std::vector<uint16_t> direct_weights(const Weight& w, int64_t Cout, int64_t Cin,
   std::vector<uint16_t> out(static_cast<size_t>(Cout * U * 2), 0);
   pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
     std::vector<float> f(K);
-    std::vector<uint16_t> h(K);
+    std::vector<uint16_t> h(K), ht(T * 2 * CP);
     for (int64_t co = b; co < e; ++co) {
       weight_row_f32(w, co, K, f.data());  // [Cin][T]
       f32_to_bf16_row(f.data(), K, h.data());
-      direct_weight_row(h.data(), Cin, T, CP, out.data() + co * U * 2);
+      direct_weight_row(h.data(), Cin, T, CP, ht.data(), out.data() + co * U * 2);
     }
   });
   return out;
@@ -103,14 +106,14 @@ inline std::vector<uint16_t> subpixel_weights(const Weight& w, int64_t Cout, int
   std::vector<uint16_t> out(static_cast<size_t>(4 * Cout * U * 2), 0);
   pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
     std::vector<float> f(Cin * 9), f4(Cin * 4);
-    std::vector<uint16_t> h(Cin * 4);
+    std::vector<uint16_t> h(Cin * 4), ht(4 * 2 * CP);
     for (int64_t co = b; co < e; ++co) {
       weight_row_f32(w, co, Cin * 9, f.data());  // [Cin][3][3]
       for (int ph = 0; ph < 4; ++ph) {
         for (int64_t ci = 0; ci < Cin; ++ci)
           for (int t = 0; t < 4; ++t) f4[ci * 4 + t] = subpixel_tap(f.data() + ci * 9, ph / 2, ph % 2, t / 2, t % 2);
         f32_to_bf16_row(f4.data(), Cin * 4, h.data());
-        direct_weight_row(h.data(), Cin, 4, CP, out.data() + (ph * Cout + co) * U * 2);
+        direct_weight_row(h.data(), Cin, 4, CP, ht.data(), out.data() + (ph * Cout + co) * U * 2);
       }
     }
   });
