@@ -416,8 +416,8 @@ int main(int argc, char** argv) {
   // the decoder's upsampling convs at a 256² image, 512 ch 64² → 128², 256 ch 128² → 256². Their
   // flops are counted as the upsampled 3×3 conv's, so the AVX512_BF16 conv's sub-pixel form —
   // 4 of the 9 products — can show more than its peak.)
-  std::vector<ConvShape> conv_shapes = {{512, 32}, {512, 64}, {256, 128}, {128, 256},     {256, 256},
-                                        {128, 512}, {512, 64, true}, {256, 128, true}};
+  std::vector<ConvShape> conv_shapes = {{512, 32},  {512, 64},  {256, 128},      {128, 256},
+                                        {256, 256}, {128, 512}, {512, 64, true}, {256, 128, true}};
   if (quick) conv_shapes = {{512, 32}, {128, 128}, {256, 32, true}};
   for (const ConvShape& cs : conv_shapes) {
     const int64_t OH = cs.up ? 2 * cs.H : cs.H;

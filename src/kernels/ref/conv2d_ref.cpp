@@ -26,6 +26,22 @@ namespace ref {
 
 namespace {
 
+// xp [Cin, HP, WP] ← one batch item x [Cin, H, W] through the prologue, then ×u nearest
+// upsampling, placed at (pt, pl) in a zero frame, each value rounded to bf16 when `bf16`.
+void padded_input(const float* x, int64_t Cin, int64_t H, int64_t W, int u, int64_t pt, int64_t pl, int64_t HP,
+                  int64_t WP, const Conv2dParams& p, bool bf16, std::vector<float>& xp) {
+  std::fill(xp.begin(), xp.end(), 0.0f);
+  for (int64_t c = 0; c < Cin; ++c)
+    for (int64_t y = 0; y < H * u; ++y)
+      for (int64_t xx = 0; xx < W * u; ++xx) {
+        float v = x[(c * H + y / u) * W + xx / u];
+        if (p.in_scale || p.in_shift)
+          v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
+        if (p.in_silu) v = v / (1.0f + std::exp(-v));
+        xp[(c * HP + y + pt) * WP + xx + pl] = bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+      }
+}
+
 // Both references; bf16 rounds the transformed input and the weight to bf16 (RNE) first.
 void conv2d_impl(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                  const Weight* bias, float* out, const Conv2dParams& p, bool bf16) {
@@ -48,17 +64,7 @@ void conv2d_impl(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, 
 
   std::vector<float> xp(Cin * HP * WP);  // the padded, transformed input of one batch item
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = in + n * Cin * H * W;
-    std::fill(xp.begin(), xp.end(), 0.0f);
-    for (int64_t c = 0; c < Cin; ++c)
-      for (int64_t y = 0; y < H * u; ++y)
-        for (int64_t xx = 0; xx < W * u; ++xx) {
-          float v = x[(c * H + y / u) * W + xx / u];
-          if (p.in_scale || p.in_shift)
-            v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
-          if (p.in_silu) v = v / (1.0f + std::exp(-v));
-          xp[(c * HP + y + p.pad_top) * WP + xx + p.pad_left] = round(v);
-        }
+    padded_input(in + n * Cin * H * W, Cin, H, W, u, p.pad_top, p.pad_left, HP, WP, p, bf16, xp);
     float* o = out + n * Cout * OH * OW;
     for (int64_t co = 0; co < Cout; ++co)
       for (int64_t oy = 0; oy < OH; ++oy)
@@ -106,17 +112,7 @@ void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, in
 
   std::vector<float> xp(Cin * HP * WP);  // the transformed input, not upsampled, padded by 1
   for (int64_t n = 0; n < N; ++n) {
-    const float* x = in + n * Cin * H * W;
-    std::fill(xp.begin(), xp.end(), 0.0f);
-    for (int64_t c = 0; c < Cin; ++c)
-      for (int64_t y = 0; y < H; ++y)
-        for (int64_t xx = 0; xx < W; ++xx) {
-          float v = x[(c * H + y) * W + xx];
-          if (p.in_scale || p.in_shift)
-            v = (p.in_scale ? p.in_scale[c] : 1.0f) * v + (p.in_shift ? p.in_shift[c] : 0.0f);
-          if (p.in_silu) v = v / (1.0f + std::exp(-v));
-          xp[(c * HP + y + 1) * WP + xx + 1] = round(v);
-        }
+    padded_input(in + n * Cin * H * W, Cin, H, W, 1, 1, 1, HP, WP, p, true, xp);
     float* o = out + n * Cout * 2 * H * OW;
     for (int ph = 0; ph < 4; ++ph) {
       const int dy = ph / 2, dx = ph % 2;
