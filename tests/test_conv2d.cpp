@@ -185,6 +185,12 @@ std::vector<ConvCase> cases() {
   // channel chunks and pixel tiles, a partial tile and sliver, an odd Cin, two batch items.
   v.push_back({1, 130, 5, 37, 30, 3, 3, 1, 1, 1, 1, 1, true, true, true, true, true});
   v.push_back({2, 9, 7, 16, 17, 3, 3, 1, 1, 1, 1, 1, true, false, false, false, false});
+  // Same-padded 3×3 convs of ≥ 16 channels (the AVX512_BF16 conv's Winograd form): several
+  // blocks of tiles with a partial last one, three slivers, an odd Cin; odd sizes (a dead tile
+  // slot per row, a half panel), two batch items, no prologue; a tile row shorter than a group.
+  v.push_back({1, 130, 40, 40, 30, 3, 3, 1, 1, 1, 1, 1, false, true, true, true, true});
+  v.push_back({2, 17, 10, 29, 15, 3, 3, 1, 1, 1, 1, 1, false, false, false, false, false});
+  v.push_back({1, 32, 7, 5, 24, 3, 3, 1, 1, 1, 1, 1, false, true, false, true, true});
   return v;
 }
 
@@ -225,7 +231,7 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   const auto fast = kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
   std::mt19937 rng(81);
   ThreadPool pool1(1), pool3(3);
-  int i = 0, n_bf16 = 0, n_subpixel = 0;
+  int i = 0, n_bf16 = 0, n_subpixel = 0, n_winograd = 0;
   for (const auto& c : cases())
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       ThreadPool& pool = (i++ % 2 == 0) ? pool1 : pool3;
@@ -253,14 +259,19 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       std::vector<float> y = random_vec(on, rng), yr(y);
       const Weight* bp = c.bias ? &b.w : nullptr;
       kernels::run_conv2d(fast, x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
-      bool subpixel = false;  // the AVX512_BF16 conv's sub-pixel form of an upsampling conv
+      // The AVX512_BF16 conv's sub-pixel form of an upsampling conv, and its Winograd form.
+      bool subpixel = false, winograd = false;
 #if defined(KLEIN_X86)
-      subpixel = bf16 && fast.get(kernels::Op::kConv2d, dt).name == "conv2d_bf16_avx512bf16" &&
-                 kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      const bool avx512bf16 = bf16 && fast.get(kernels::Op::kConv2d, dt).name == "conv2d_bf16_avx512bf16";
+      subpixel = avx512bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      winograd = avx512bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
       n_subpixel += subpixel;
+      n_winograd += winograd;
 #endif
       if (subpixel)
         kernels::ref::conv2d_bf16_subpixel(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
+      else if (winograd)
+        kernels::ref::conv2d_bf16_winograd(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else if (bf16)
         kernels::ref::conv2d_bf16(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else
@@ -285,6 +296,7 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   // ... and takes the sub-pixel form exactly where that conv is the AVX512_BF16 one.
   const bool has_subpixel = has_bf16 && GetParam() == Isa::kAvx512Bf16;
   EXPECT_EQ(n_subpixel > 0, has_subpixel);
+  EXPECT_EQ(n_winograd > 0, has_subpixel);
 }
 
 // The sub-pixel form's reference against the upsampled conv's, on values for which every sum of
@@ -335,6 +347,66 @@ TEST(Conv2dRef, SubpixelFormEqualsUpsampledConv) {
   q.pad_right = 0;
   EXPECT_FALSE(kernels::conv2d_subpixel_form(3, 3, q));
   EXPECT_THROW(kernels::ref::conv2d_bf16_subpixel(x.data(), 1, Cin, H, W, w.w, nullptr, ys.data(), q),
+               std::invalid_argument);
+}
+
+// The Winograd form's reference against the plain conv's, on values for which every transform,
+// bf16 rounding and double sum is exact (quarters in, small integers as taps: |V| ≤ 88 in quarters,
+// U in quarters of ≤ 27): the two must agree to the last bit, so a wrong entry of Bᵀ, G or Aᵀ, a
+// window read one row or column off, or a lost edge tile (odd sizes) shows. Then on random values:
+// within a small multiple of conv2d_bf16's own rounding error.
+TEST(Conv2dRef, WinogradFormEqualsConv) {
+  std::mt19937 rng(89);
+  std::uniform_int_distribution<int> small(-3, 3), quarters(-8, 8);
+  for (const bool prologue : {false, true}) {
+    const int64_t Cin = 5, H = prologue ? 7 : 6, W = prologue ? 9 : 8, Cout = 4, on = Cout * H * W;
+    std::vector<float> x(Cin * H * W), wv(Cout * Cin * 9), bv(Cout), scale(Cin), shift(Cin);
+    for (auto& v : x) v = 0.25f * static_cast<float>(quarters(rng));
+    for (auto& v : wv) v = static_cast<float>(small(rng));
+    for (auto& v : bv) v = static_cast<float>(small(rng));
+    for (auto& v : scale) v = static_cast<float>(1 + (small(rng) & 1));  // 1 or 2
+    for (auto& v : shift) v = 0.5f * static_cast<float>(small(rng));
+    auto w = make_weight(DType::kF32, {Cout, Cin, 3, 3}, wv);
+    auto b = make_weight(DType::kF32, {Cout}, bv);
+    kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+    if (prologue) p.in_scale = scale.data(), p.in_shift = shift.data();
+    ASSERT_TRUE(kernels::conv2d_winograd_form(3, 3, p));
+    std::vector<float> ys(on, 1.0f), yr(on, 1.0f);
+    p.accumulate = prologue;  // both ways
+    kernels::ref::conv2d_bf16_winograd(x.data(), 1, Cin, H, W, w.w, &b.w, ys.data(), p);
+    kernels::ref::conv2d(x.data(), 1, Cin, H, W, w.w, &b.w, yr.data(), p);
+    for (int64_t k = 0; k < on; ++k) ASSERT_EQ(ys[k], yr[k]) << "output " << k << " prologue " << prologue;
+  }
+  // Random values (GroupNorm + SiLU prologue, as the VAE's): the transformed operands round to
+  // bf16 where conv2d_bf16 rounds the input and the taps themselves.
+  const int64_t Cin = 32, H = 9, W = 11, Cout = 6, on = Cout * H * W;
+  const auto x = random_vec(Cin * H * W, rng, -2, 2);
+  const auto scale = random_vec(Cin, rng, 0.5f, 1.5f), shift = random_vec(Cin, rng);
+  auto w = make_weight(DType::kBF16, {Cout, Cin, 3, 3}, random_vec(Cout * Cin * 9, rng));
+  kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+  p.in_scale = scale.data(), p.in_shift = shift.data(), p.in_silu = true;
+  std::vector<float> yw(on), yb(on), yf(on);
+  kernels::ref::conv2d_bf16_winograd(x.data(), 1, Cin, H, W, w.w, nullptr, yw.data(), p);
+  kernels::ref::conv2d_bf16(x.data(), 1, Cin, H, W, w.w, nullptr, yb.data(), p);
+  kernels::ref::conv2d(x.data(), 1, Cin, H, W, w.w, nullptr, yf.data(), p);
+  double ew = 0, eb = 0, den = 0;
+  for (int64_t k = 0; k < on; ++k)
+    ew += (yw[k] - yf[k]) * (yw[k] - yf[k]), eb += (yb[k] - yf[k]) * (yb[k] - yf[k]), den += yf[k] * yf[k];
+  ew = std::sqrt(ew / den), eb = std::sqrt(eb / den);
+  std::printf("relative RMS error against float32: winograd %.3g, direct bf16 %.3g\n", ew, eb);
+  EXPECT_GT(ew, 0.0);        // not the float32 arithmetic
+  EXPECT_LT(ew, 4.0 * eb);   // and within a few times the direct bf16 conv's rounding
+  // Only the stride-1, padding-1, 3×3 shape without upsampling is accepted.
+  kernels::Conv2dParams q = kernels::Conv2dParams::same(3);
+  EXPECT_FALSE(kernels::conv2d_winograd_form(1, 1, q));
+  EXPECT_FALSE(kernels::conv2d_winograd_form(3, 5, q));
+  q.upsample2x = true;
+  EXPECT_FALSE(kernels::conv2d_winograd_form(3, 3, q));
+  q.upsample2x = false, q.stride = 2;
+  EXPECT_FALSE(kernels::conv2d_winograd_form(3, 3, q));
+  q.stride = 1, q.pad_left = 0;
+  EXPECT_FALSE(kernels::conv2d_winograd_form(3, 3, q));
+  EXPECT_THROW(kernels::ref::conv2d_bf16_winograd(x.data(), 1, Cin, H, W, w.w, nullptr, yw.data(), q),
                std::invalid_argument);
 }
 

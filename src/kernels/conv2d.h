@@ -70,6 +70,52 @@ inline float subpixel_tap(const float* k, int dy, int dx, int ty, int tx) {
   return s;
 }
 
+// The Winograd form F(2×2, 3×3) of a stride-1 3×3 conv with padding 1 (no upsampling): each 2×2
+// block of output pixels (a tile) reads a 4×4 window d of the padded input, and
+//   Y = Aᵀ [ Σ_ci (G g Gᵀ) ⊙ (Bᵀ d B) ] A
+// with Bᵀ = [1 0 −1 0; 0 1 1 0; 0 −1 1 0; 0 1 0 −1], G = [1 0 0; ½ ½ ½; ½ −½ ½; 0 0 1] and
+// Aᵀ = [1 1 1 0; 0 1 −1 −1]: 16 products per tile and channel pair where the direct form has 36.
+// Under Precision::kFast the AVX512_BF16 conv computes these convs so, the transformed input
+// V = Bᵀ d B and weight U = G g Gᵀ formed in float by the two functions below (which both it and
+// ref::conv2d_bf16_winograd call, so the roundings agree) and rounded to bf16 once; the 16
+// element-wise products are summed over channels, then Aᵀ M A.
+bool conv2d_winograd_form(int64_t KH, int64_t KW, const Conv2dParams& p);
+// v[i·4 + j] = (Bᵀ d B)[i][j] of a row-major 4×4 window d: along each row first, then down the
+// columns, in this order of float operations.
+inline void winograd_input_tile(const float* d, float* v) {
+  float e[16];
+  for (int r = 0; r < 4; ++r) {
+    const float* x = d + 4 * r;
+    e[4 * r + 0] = x[0] - x[2];
+    e[4 * r + 1] = x[1] + x[2];
+    e[4 * r + 2] = x[2] - x[1];
+    e[4 * r + 3] = x[1] - x[3];
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[0 + j] = e[0 + j] - e[8 + j];
+    v[4 + j] = e[4 + j] + e[8 + j];
+    v[8 + j] = e[8 + j] - e[4 + j];
+    v[12 + j] = e[4 + j] - e[12 + j];
+  }
+}
+// u[i·4 + j] = (G g Gᵀ)[i][j] of a row-major 3×3 kernel g, down the columns first, then along the rows.
+inline void winograd_weight_tile(const float* g, float* u) {
+  float h[12];  // [4][3]
+  for (int c = 0; c < 3; ++c) {
+    h[0 + c] = g[c];
+    h[3 + c] = (g[c] + g[3 + c] + g[6 + c]) * 0.5f;
+    h[6 + c] = (g[c] - g[3 + c] + g[6 + c]) * 0.5f;
+    h[9 + c] = g[6 + c];
+  }
+  for (int i = 0; i < 4; ++i) {
+    const float* x = h + 3 * i;
+    u[4 * i + 0] = x[0];
+    u[4 * i + 1] = (x[0] + x[1] + x[2]) * 0.5f;
+    u[4 * i + 2] = (x[0] - x[1] + x[2]) * 0.5f;
+    u[4 * i + 3] = x[2];
+  }
+}
+
 namespace ref {
 // Scalar reference: materialises the transformed (upsampled, prologue-applied) input, then the
 // plain 7-deep loop accumulating in double. The yardstick for the fast paths; slow.
@@ -83,6 +129,12 @@ void conv2d_bf16(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, 
 // transformed input and each phase's summed taps (subpixel_tap of the float weight) rounded to
 // bf16, double sums. Equal to conv2d_bf16 up to the rounding of the summed taps.
 void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                          const Weight* bias, float* out, const Conv2dParams& p);
+// conv2d_bf16's arithmetic on the Winograd form (conv2d_winograd_form(3, 3, p) must hold): the
+// transformed input in float (not rounded), each tile's V = winograd_input_tile and each kernel's
+// U = winograd_weight_tile rounded to bf16, Σ_ci U ⊙ V and Aᵀ M A in double. Equal to
+// conv2d up to those roundings.
+void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                           const Weight* bias, float* out, const Conv2dParams& p);
 }  // namespace ref
 

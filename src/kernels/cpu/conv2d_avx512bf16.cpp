@@ -16,6 +16,7 @@
 // Strided convs (the encoder's downsamplers) take the im2col path of conv2d_avx512_common.h.
 // The decoder's upsampling convs take the direct path in their sub-pixel form
 // (conv2d_subpixel_direct below): 4 of the 9 taps' products per output pixel.
+#include "core/dtype.h"
 #include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/conv2d_avx512_common.h"
 #include "kernels/cpu/conv2d_bf16_direct.h"
@@ -120,10 +121,206 @@ void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, 
             });
 }
 
+// ---- The Winograd form F(2×2, 3×3) (conv2d_winograd_form, kernels/conv2d.h) ----
+// Tiles of 2×2 output pixels live in slots s = ty·TWp + tx, TWp = TW rounded up to 16, so that
+// each group of 16 slots (the lanes of one vector) lies in one tile row; slots tx ≥ TW are dead
+// (computed, never stored). A task takes a block of NT slots (whole 32-slot panels) and a range
+// of output channels:
+//   V[ξ][panel][cp][32] ← for each channel pair, the block's 16 transformed values per tile
+//     (winograd_input_tile, vectorised over the 16 tiles of a group), rounded to bf16 pairs;
+//   per ≤ 14-row sliver of Cout: M[ξ][row][slot] = U_ξ · V_ξ, 16 calls of the 14×32
+//     micro-kernel per panel with K = the CP channel pairs (U = winograd_weight_tile, as pair
+//     units [Cout][ξ][CP]); then Aᵀ M A per tile, + bias (+ out), into the NCHW output.
+// V stays in L2 (≤ kWinoVBytes), a sliver's M (16 · 14 · NT floats) in L1/L2.
+constexpr int64_t kWinoVBytes = int64_t{512} << 10;
+// Fewer input channels keep the direct form: K = CP pairs per micro-kernel call would be too
+// short to pay for the transforms (the encoder's conv_in has 3).
+constexpr int64_t kWinoMinCin = 16;
+
+// Units per output channel of U: 16·CP, one line more (16·CP units are a multiple of 4 KB for
+// every CP ≥ 64: a sliver's 14 rows would share L1 sets, as subpixel_lda's).
+constexpr int64_t winograd_lda(int64_t CP) { return 16 * CP + 16; }
+
+std::vector<uint16_t> winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ThreadPool& pool) {
+  const int64_t U = winograd_lda(CP);
+  std::vector<uint16_t> out(static_cast<size_t>(Cout * U * 2), 0);
+  pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
+    std::vector<float> f(Cin * 9);
+    float u[16];
+    for (int64_t co = b; co < e; ++co) {
+      weight_row_f32(w, co, Cin * 9, f.data());  // [Cin][3][3]
+      uint16_t* d = out.data() + co * U * 2;
+      for (int64_t ci = 0; ci < Cin; ++ci) {
+        winograd_weight_tile(f.data() + ci * 9, u);
+        for (int x = 0; x < 16; ++x) d[2 * (x * CP + ci / 2) + ci % 2] = f32_to_bf16(u[x]);
+      }
+    }
+  });
+  return out;
+}
+
+// The four frame rows 2·ty − 1 + r of channel c, columns 2·tx0 − 1 .. 2·tx1 (+ up to 16 more),
+// through the prologue, zero outside the image: rb[r][0, LR), LR = 2·(tx1 − tx0) + 16.
+void winograd_rows(const ConvGeom& g, int64_t c, int64_t ty, int64_t tx0, int64_t tx1, float* rb) {
+  const int64_t LR = 2 * (tx1 - tx0) + 16;
+  for (int r = 0; r < 4; ++r) {
+    float* d = rb + r * LR;
+    const int64_t iy = 2 * ty - 1 + r;
+    if (iy < 0 || iy >= g.H) {
+      std::memset(d, 0, LR * sizeof(float));
+      continue;
+    }
+    for (int64_t x = 0; x < LR; x += 16) {
+      const int64_t ix0 = 2 * tx0 - 1 + x;
+      const int64_t lo = std::max<int64_t>(0, -ix0), hi = std::min<int64_t>(16, g.W - ix0);
+      const __mmask16 valid = lo < hi ? static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+      _mm512_storeu_ps(d + x, valid ? frame16(g, c, iy, ix0, valid) : _mm512_setzero_ps());
+    }
+  }
+}
+
+// v[ξ] for the 16 tiles of a group whose window columns start at rb's column x0 (rb as
+// winograd_rows): winograd_input_tile's operations on vectors, lane l ↔ tile l.
+inline void winograd_input16(const float* rb, int64_t LR, int64_t x0, __m512* v) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+  __m512 e[16];
+  for (int r = 0; r < 4; ++r) {
+    const float* x = rb + r * LR + x0;
+    const __m512 z0 = _mm512_loadu_ps(x), z1 = _mm512_loadu_ps(x + 16), z2 = _mm512_loadu_ps(x + 32);
+    const __m512 w0 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(z1), _mm512_castps_si512(z0), 2));
+    const __m512 w1 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(z2), _mm512_castps_si512(z1), 2));
+    const __m512 d0 = _mm512_permutex2var_ps(z0, ev, z1), d1 = _mm512_permutex2var_ps(z0, od, z1);
+    const __m512 d2 = _mm512_permutex2var_ps(w0, ev, w1), d3 = _mm512_permutex2var_ps(w0, od, w1);
+    e[4 * r + 0] = _mm512_sub_ps(d0, d2);
+    e[4 * r + 1] = _mm512_add_ps(d1, d2);
+    e[4 * r + 2] = _mm512_sub_ps(d2, d1);
+    e[4 * r + 3] = _mm512_sub_ps(d1, d3);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[0 + j] = _mm512_sub_ps(e[0 + j], e[8 + j]);
+    v[4 + j] = _mm512_add_ps(e[4 + j], e[8 + j]);
+    v[8 + j] = _mm512_sub_ps(e[8 + j], e[4 + j]);
+    v[12 + j] = _mm512_sub_ps(e[4 + j], e[12 + j]);
+  }
+}
+
+// Aᵀ M A of the 16 tiles of a group (m[ξ] at stride ld), + bias (+ out), into output rows
+// 2·ty, 2·ty + 1 of channel plane o, columns 2·tx0 .. (32 of them, clipped to OW / OH).
+inline void winograd_output16(const float* m, int64_t ld, float bias, bool accumulate, float* o, int64_t OH,
+                              int64_t OW, int64_t ty, int64_t tx0) {
+  __m512 s[8];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 m0 = _mm512_loadu_ps(m + (4 * i) * ld), m1 = _mm512_loadu_ps(m + (4 * i + 1) * ld);
+    const __m512 m2 = _mm512_loadu_ps(m + (4 * i + 2) * ld), m3 = _mm512_loadu_ps(m + (4 * i + 3) * ld);
+    s[2 * i] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+    s[2 * i + 1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+  }
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  const __m512 b = _mm512_set1_ps(bias);
+  const int64_t cols = std::min<int64_t>(32, OW - 2 * tx0);
+  const __mmask16 k0 = col_mask(static_cast<int>(cols)), k1 = col_mask(static_cast<int>(std::max<int64_t>(0, cols - 16)));
+  for (int dy = 0; dy < 2 && 2 * ty + dy < OH; ++dy) {
+    // y[dy][k] for k = 0, 1: output columns 2·(tx0 + l) + k.
+    const __m512 y0 = dy == 0 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), s[4]) : _mm512_sub_ps(_mm512_sub_ps(s[2], s[4]), s[6]);
+    const __m512 y1 = dy == 0 ? _mm512_add_ps(_mm512_add_ps(s[1], s[3]), s[5]) : _mm512_sub_ps(_mm512_sub_ps(s[3], s[5]), s[7]);
+    float* row = o + (2 * ty + dy) * OW + 2 * tx0;
+    __m512 r0 = _mm512_add_ps(_mm512_permutex2var_ps(y0, lo, y1), b);
+    __m512 r1 = _mm512_add_ps(_mm512_permutex2var_ps(y0, hi, y1), b);
+    if (accumulate) {
+      r0 = _mm512_add_ps(_mm512_maskz_loadu_ps(k0, row), r0);
+      r1 = _mm512_add_ps(_mm512_maskz_loadu_ps(k1, row + 16), r1);
+    }
+    _mm512_mask_storeu_ps(row, k0, r0);
+    _mm512_mask_storeu_ps(row + 16, k1, r1);
+  }
+}
+
+void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                     const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], CP = (Cin + 1) / 2, LDA = winograd_lda(CP), P = H * W;
+  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16, NS = TH * TWp;
+  const std::vector<uint16_t> wu = winograd_weights(w, Cout, Cin, CP, pool);
+  const auto* A = reinterpret_cast<const uint32_t*>(wu.data());  // read through Bf16Dot::bcast's memcpy
+  const ConvBias cb = conv_bias(bias, Cout);
+  const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
+  // Slots per block: V (16 · CP · NT units) within kWinoVBytes, whole panels, at most the image.
+  const int64_t NT = std::clamp<int64_t>(kWinoVBytes / (64 * CP) / kZNR * kZNR, kZNR,
+                                         std::max<int64_t>(kZNR, (NS + kZNR - 1) / kZNR * kZNR));
+  const int64_t n_blk = (NS + NT - 1) / NT, n_panel = NT / kZNR;
+  const int64_t n_unit = (Cout + kZMR - 1) / kZMR;
+  const int64_t n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(pool.size()) + n_blk - 1) / n_blk, 1, n_unit);
+  const int64_t cc_rows = (n_unit + n_cc - 1) / n_cc * kZMR, n_tasks = n_blk * n_cc;
+  for (int64_t n = 0; n < N; ++n) {
+    ConvGeom g = g0;
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      static thread_local UnitScratch v_buf, m_buf, row_buf;
+      uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
+      float* M = m_buf.get<float>(static_cast<size_t>(16 * kZMR * NT));
+      const int64_t LRmax = 2 * std::min(NT, TWp) + 16;
+      float* rb = row_buf.get<float>(static_cast<size_t>(2 * 4 * LRmax));  // two channels' rows
+      float v0[16 * 16];                                                    // channel 2·cp's v, [ξ][lane]
+      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+        const int64_t s0 = t / n_cc * NT, ns = std::min(NT, NS - s0);
+        const int64_t c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        if (c0 >= c1) continue;
+        // V: per channel pair, per tile-row segment of the block, per group of 16 slots.
+        if (ns < NT) std::memset(V, 0, static_cast<size_t>(16 * CP * NT) * 4);  // the last block's tail
+        for (int64_t cp = 0; cp < CP; ++cp)
+          for (int64_t sa = s0; sa < s0 + ns;) {
+            const int64_t ty = sa / TWp, tx0 = sa % TWp, tx1 = std::min(TWp, tx0 + (s0 + ns - sa));
+            const int64_t LR = 2 * (tx1 - tx0) + 16;
+            winograd_rows(g, 2 * cp, ty, tx0, tx1, rb);
+            const bool pair = 2 * cp + 1 < Cin;
+            if (pair) winograd_rows(g, 2 * cp + 1, ty, tx0, tx1, rb + 4 * LR);
+            for (int64_t tx = tx0; tx < tx1; tx += 16) {
+              const int64_t so = ty * TWp + tx - s0;  // the group's slot in the block
+              __m512 v[16];
+              winograd_input16(rb, LR, 2 * (tx - tx0), v);
+              for (int x = 0; x < 16; ++x) _mm512_storeu_ps(v0 + 16 * x, v[x]);
+              if (pair)
+                winograd_input16(rb + 4 * LR, LR, 2 * (tx - tx0), v);
+              else
+                for (auto& z : v) z = _mm512_setzero_ps();
+              for (int x = 0; x < 16; ++x)
+                _mm512_storeu_si512(V + ((x * n_panel + so / kZNR) * CP + cp) * kZNR + so % kZNR,
+                                    f32x16x2_to_bf16_pairs(_mm512_loadu_ps(v0 + 16 * x), v[x]));
+            }
+            sa += tx1 - tx0;
+          }
+        const Slivers sl(c0, c1, kZMR);
+        for (int64_t i = 0; i < sl.n; ++i) {
+          const int64_t co = sl.begin(i);
+          const int rows = sl.rows(i);
+          for (int x = 0; x < 16; ++x)
+            for (int64_t j = 0; j * kZNR < ns; ++j)
+              zukernel_rows<Bf16Dot>(rows, A + co * LDA + x * CP, LDA, V + (x * n_panel + j) * CP * kZNR, CP,
+                                     M + x * kZMR * NT + j * kZNR, NT, false, nullptr, kZNR);
+          for (int r = 0; r < rows; ++r)
+            for (int64_t so = 0; so < ns; so += 16) {
+              const int64_t ty = (s0 + so) / TWp, tx0 = (s0 + so) % TWp;
+              if (2 * tx0 >= W) continue;  // a dead group
+              winograd_output16(M + r * NT + so, kZMR * NT, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
+                                o + (co + r) * P, H, W, ty, tx0);
+            }
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
 
 bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW) {
   return conv2d_subpixel_form(KH, KW, p) && !avx2::conv2d_is_direct(Cout, p);
+}
+
+bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW) {
+  return conv2d_winograd_form(KH, KW, p) && Cin >= kWinoMinCin && !avx2::conv2d_is_direct(Cout, p);
 }
 
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
@@ -132,6 +329,8 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
   if (conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))
     conv2d_subpixel_direct(in, N, Cin, H, W, w, bias, out, p, pool);
+  else if (conv2d_winograd(p, Cin, Cout, w.shape[2], w.shape[3]))
+    conv2d_winograd_tiles(in, N, Cin, H, W, w, bias, out, p, pool);
   else if (p.stride == 1 && T <= 64 && !avx2::conv2d_is_direct(Cout, p))
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
   else
