@@ -141,27 +141,52 @@ constexpr int64_t kWinoMinCin = 16;
 // every CP ≥ 64: a sliver's 14 rows would share L1 sets, as subpixel_lda's).
 constexpr int64_t winograd_lda(int64_t CP) { return 16 * CP + 16; }
 
+// winograd_weight_tile of 16 kernels at once: g[k] holds tap k of each, u[ξ] gets U_ξ; the same
+// float operations in the same order, so the same bits.
+inline void winograd_weight16(const __m512* g, __m512* u) {
+  const __m512 half = _mm512_set1_ps(0.5f);
+  __m512 h[12];
+  for (int c = 0; c < 3; ++c) {
+    h[0 + c] = g[c];
+    h[3 + c] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(g[c], g[3 + c]), g[6 + c]), half);
+    h[6 + c] = _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(g[c], g[3 + c]), g[6 + c]), half);
+    h[9 + c] = g[6 + c];
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512* x = h + 3 * i;
+    u[4 * i + 0] = x[0];
+    u[4 * i + 1] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(x[0], x[1]), x[2]), half);
+    u[4 * i + 2] = _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(x[0], x[1]), x[2]), half);
+    u[4 * i + 3] = x[2];
+  }
+}
+
 // U as pair units [Cout][winograd_lda(CP)]: U_ξ's CP pairs at ξ·CP (winograd_weight_tile of
-// the float weight, rounded to bf16 as f32_to_bf16). Through uf[ξ][Cin] floats, so that each
-// ξ's pairs are one vectorised row conversion (a scalar conversion per element was 4 % of a
-// 256² decode).
-std::vector<uint16_t> winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ThreadPool& pool) {
-  const int64_t U = winograd_lda(CP);
-  std::vector<uint16_t> out(static_cast<size_t>(Cout * U * 2), 0);
+// the float weight, rounded to bf16 as f32_to_bf16). Per output channel: the taps by tap
+// ft[9][Cin], 16 kernels transformed per step into uf[ξ][Cin], one row conversion per ξ (the
+// scalar transform and conversion per element were 4-5 % of a 256² decode or encode).
+// Written into `out` (Cout · winograd_lda(CP) units; the line past each row is never read).
+void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, uint16_t* out, ThreadPool& pool) {
+  const int64_t U = winograd_lda(CP), Cin16 = (Cin + 15) / 16 * 16;
   pool.parallel_for(Cout, [&](int64_t b, int64_t e) {
-    std::vector<float> f(Cin * 9), uf(16 * Cin);
-    float u[16];
+    std::vector<float> f(Cin * 9), ft(9 * Cin16, 0.0f), uf(16 * Cin16);
     for (int64_t co = b; co < e; ++co) {
       weight_row_f32(w, co, Cin * 9, f.data());  // [Cin][3][3]
-      for (int64_t ci = 0; ci < Cin; ++ci) {
-        winograd_weight_tile(f.data() + ci * 9, u);
-        for (int x = 0; x < 16; ++x) uf[x * Cin + ci] = u[x];
+      for (int64_t ci = 0; ci < Cin; ++ci)
+        for (int k = 0; k < 9; ++k) ft[k * Cin16 + ci] = f[ci * 9 + k];
+      for (int64_t c0 = 0; c0 < Cin16; c0 += 16) {
+        __m512 g[9], u[16];
+        for (int k = 0; k < 9; ++k) g[k] = _mm512_loadu_ps(ft.data() + k * Cin16 + c0);
+        winograd_weight16(g, u);
+        for (int x = 0; x < 16; ++x) _mm512_storeu_ps(uf.data() + x * Cin16 + c0, u[x]);
       }
-      uint16_t* d = out.data() + co * U * 2;
-      for (int x = 0; x < 16; ++x) f32_to_bf16_row(uf.data() + x * Cin, Cin, d + 2 * x * CP);  // odd Cin: the pad half stays 0
+      uint16_t* d = out + co * U * 2;
+      for (int x = 0; x < 16; ++x) {
+        f32_to_bf16_row(uf.data() + x * Cin16, Cin, d + 2 * x * CP);
+        if (Cin % 2) d[2 * x * CP + Cin] = 0;  // the last pair's missing channel
+      }
     }
   });
-  return out;
 }
 
 // The four frame rows 2·ty − 1 + r of channel c, columns 2·tx0 − 1 .. 2·tx1 (+ up to 16 more),
@@ -257,8 +282,12 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
                      const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], CP = (Cin + 1) / 2, LDA = winograd_lda(CP), P = H * W;
   const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16, NS = TH * TWp;
-  const std::vector<uint16_t> wu = winograd_weights(w, Cout, Cin, CP, pool);
-  const auto* A = reinterpret_cast<const uint32_t*>(wu.data());  // read through Bf16Dot::bcast's memcpy
+  // The calling thread's U buffer is kept across calls (as the workers' scratch): a fresh
+  // 2-8 MB vector per conv was zeroed and page-faulted on that one thread each time.
+  static thread_local UnitScratch u_buf;
+  uint16_t* wu = u_buf.get<uint16_t>(static_cast<size_t>(Cout * LDA * 2));
+  winograd_weights(w, Cout, Cin, CP, wu, pool);
+  const auto* A = reinterpret_cast<const uint32_t*>(wu);  // read through Bf16Dot::bcast's memcpy
   const ConvBias cb = conv_bias(bias, Cout);
   const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
   // Slots per block: V (16 · CP · NT units) within kWinoVBytes, whole panels, at most the image.
