@@ -189,23 +189,74 @@ void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ui
   });
 }
 
-// The four frame rows 2·ty − 1 + r of channel c, columns 2·tx0 − 1 .. 2·tx1 (+ up to 16 more),
-// through the prologue, zero outside the image: rb[r][0, LR), LR = 2·(tx1 − tx0) + 16.
-void winograd_rows(const ConvGeom& g, int64_t c, int64_t ty, int64_t tx0, int64_t tx1, float* rb) {
-  const int64_t LR = 2 * (tx1 - tx0) + 16;
-  for (int r = 0; r < 4; ++r) {
-    float* d = rb + r * LR;
-    const int64_t iy = 2 * ty - 1 + r;
+// A block of tiles: tile rows [ty0, ty0 + bh) × tile columns [tx0, tx0 + bw), bw a multiple of
+// 16; its slots are (ty − ty0)·bw + (tx − tx0).
+struct WinoBlock {
+  int64_t ty0, bh, tx0, bw;
+};
+
+// The block's frame rows 2·ty0 − 1 + r (r < 2·bh + 2) of channel c through the prologue, zero
+// outside the image, split by column parity: with b = 2·tx0 − 1, row r's E[k] = column b + 2k
+// and O[k] = column b + 2k + 1 (k ≤ bw), at rb + r·2·LE and + LE. Split so, a tile's window
+// columns are four plain loads (winograd_input16).
+constexpr int64_t wino_le(int64_t bw) { return bw + 16; }
+void winograd_rows(const ConvGeom& g, int64_t c, const WinoBlock& k, float* rb) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+  const int64_t LE = wino_le(k.bw);
+  auto col16 = [&](int64_t iy, int64_t ix0) {  // frame columns ix0 .. ix0 + 15
+    const int64_t lo = std::max<int64_t>(0, -ix0), hi = std::min<int64_t>(16, g.W - ix0);
+    const __mmask16 valid = lo < hi ? static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
+    return valid ? frame16(g, c, iy, ix0, valid) : _mm512_setzero_ps();
+  };
+  for (int64_t r = 0; r < 2 * k.bh + 2; ++r) {
+    float* E = rb + r * 2 * LE;
+    float* O = E + LE;
+    const int64_t iy = 2 * k.ty0 - 1 + r;
     if (iy < 0 || iy >= g.H) {
-      std::memset(d, 0, LR * sizeof(float));
+      std::memset(E, 0, 2 * LE * sizeof(float));
       continue;
     }
-    for (int64_t x = 0; x < LR; x += 16) {
-      const int64_t ix0 = 2 * tx0 - 1 + x;
-      const int64_t lo = std::max<int64_t>(0, -ix0), hi = std::min<int64_t>(16, g.W - ix0);
-      const __mmask16 valid = lo < hi ? static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-      _mm512_storeu_ps(d + x, valid ? frame16(g, c, iy, ix0, valid) : _mm512_setzero_ps());
+    const int64_t b = 2 * k.tx0 - 1;
+    if (c + 2 < g.Cin) {
+      // The next pair's channel of this parity, same row: the block reads each input row as a
+      // short run in a new plane, which the hardware prefetchers start on late (the masked
+      // input load held ~1/4 of this function's samples without this).
+      const char* nx = reinterpret_cast<const char*>(g.x + ((c + 2) * g.H + iy) * g.W + std::max<int64_t>(0, b));
+      const int64_t bytes = std::min<int64_t>(2 * k.bw + 2, g.W - std::max<int64_t>(0, b)) * 4;
+      for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(nx + off, _MM_HINT_T0);
     }
+    for (int64_t x = 0; x < 2 * k.bw; x += 32) {
+      const __m512 z0 = col16(iy, b + x), z1 = col16(iy, b + x + 16);
+      _mm512_storeu_ps(E + x / 2, _mm512_permutex2var_ps(z0, ev, z1));
+      _mm512_storeu_ps(O + x / 2, _mm512_permutex2var_ps(z0, od, z1));
+    }
+    // Columns b + 2·bw and b + 2·bw + 1: E[bw], O[bw] (one vector, its first two lanes).
+    const __m512 z = col16(iy, b + 2 * k.bw);
+    _mm512_storeu_ps(E + k.bw, _mm512_permutexvar_ps(ev, z));
+    _mm512_storeu_ps(O + k.bw, _mm512_permutexvar_ps(od, z));
+  }
+}
+
+// v[ξ] for the 16 tiles of a group whose windows start at row r0 and column pair k0 of rb (as
+// winograd_rows builds it): winograd_input_tile's operations on vectors, lane l ↔ tile l.
+inline void winograd_input16(const float* rb, int64_t LE, int64_t r0, int64_t k0, __m512* v) {
+  __m512 e[16];
+  for (int r = 0; r < 4; ++r) {
+    const float* E = rb + (r0 + r) * 2 * LE + k0;
+    const float* O = E + LE;
+    const __m512 d0 = _mm512_loadu_ps(E), d1 = _mm512_loadu_ps(O);
+    const __m512 d2 = _mm512_loadu_ps(E + 1), d3 = _mm512_loadu_ps(O + 1);
+    e[4 * r + 0] = _mm512_sub_ps(d0, d2);
+    e[4 * r + 1] = _mm512_add_ps(d1, d2);
+    e[4 * r + 2] = _mm512_sub_ps(d2, d1);
+    e[4 * r + 3] = _mm512_sub_ps(d1, d3);
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[0 + j] = _mm512_sub_ps(e[0 + j], e[8 + j]);
+    v[4 + j] = _mm512_add_ps(e[4 + j], e[8 + j]);
+    v[8 + j] = _mm512_sub_ps(e[8 + j], e[4 + j]);
+    v[12 + j] = _mm512_sub_ps(e[4 + j], e[12 + j]);
   }
 }
 
@@ -218,32 +269,6 @@ inline __m512i bf16_pairs_ftz(__m512 lo, __m512 hi) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
                                        5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-// v[ξ] for the 16 tiles of a group whose window columns start at rb's column x0 (rb as
-// winograd_rows): winograd_input_tile's operations on vectors, lane l ↔ tile l.
-inline void winograd_input16(const float* rb, int64_t LR, int64_t x0, __m512* v) {
-  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-  __m512 e[16];
-  for (int r = 0; r < 4; ++r) {
-    const float* x = rb + r * LR + x0;
-    const __m512 z0 = _mm512_loadu_ps(x), z1 = _mm512_loadu_ps(x + 16), z2 = _mm512_loadu_ps(x + 32);
-    const __m512 w0 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(z1), _mm512_castps_si512(z0), 2));
-    const __m512 w1 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(z2), _mm512_castps_si512(z1), 2));
-    const __m512 d0 = _mm512_permutex2var_ps(z0, ev, z1), d1 = _mm512_permutex2var_ps(z0, od, z1);
-    const __m512 d2 = _mm512_permutex2var_ps(w0, ev, w1), d3 = _mm512_permutex2var_ps(w0, od, w1);
-    e[4 * r + 0] = _mm512_sub_ps(d0, d2);
-    e[4 * r + 1] = _mm512_add_ps(d1, d2);
-    e[4 * r + 2] = _mm512_sub_ps(d2, d1);
-    e[4 * r + 3] = _mm512_sub_ps(d1, d3);
-  }
-  for (int j = 0; j < 4; ++j) {
-    v[0 + j] = _mm512_sub_ps(e[0 + j], e[8 + j]);
-    v[4 + j] = _mm512_add_ps(e[4 + j], e[8 + j]);
-    v[8 + j] = _mm512_sub_ps(e[8 + j], e[4 + j]);
-    v[12 + j] = _mm512_sub_ps(e[4 + j], e[12 + j]);
-  }
 }
 
 // Aᵀ M A of the 16 tiles of a group (m[ξ] at stride ld), + bias (+ out), into output rows
@@ -278,10 +303,20 @@ inline void winograd_output16(const float* m, int64_t ld, float bias, bool accum
   }
 }
 
+// The block shape for NT slots at most: whole tile rows of up to NT tiles (bh > 1 only where a
+// tile row is shorter). Blocks of fewer columns and more rows build fewer prologue values per
+// tile ((2·bh + 2) rows of 2·bw + 16 for bh · bw tiles: 1.56 against 2.12 per input value for
+// 128 channels at 256²), but measured no faster (2 threads, Zen 4): their input rows are read as
+// short runs of many rows.
+inline WinoBlock wino_shape(int64_t NT, int64_t TH, int64_t TWp) {
+  const int64_t bw = std::min(NT, TWp);
+  return {0, std::clamp<int64_t>(NT / bw, 1, TH), 0, bw};
+}
+
 void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-                     const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+                           const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], CP = (Cin + 1) / 2, LDA = winograd_lda(CP), P = H * W;
-  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16, NS = TH * TWp;
+  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16;
   // The calling thread's U buffer is kept across calls (as the workers' scratch): a fresh
   // 2-8 MB vector per conv was zeroed and page-faulted on that one thread each time.
   static thread_local UnitScratch u_buf;
@@ -290,10 +325,10 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
   const auto* A = reinterpret_cast<const uint32_t*>(wu);  // read through Bf16Dot::bcast's memcpy
   const ConvBias cb = conv_bias(bias, Cout);
   const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
-  // Slots per block: V (16 · CP · NT units) within kWinoVBytes, whole panels, at most the image.
-  const int64_t NT = std::clamp<int64_t>(kWinoVBytes / (64 * CP) / kZNR * kZNR, kZNR,
-                                         std::max<int64_t>(kZNR, (NS + kZNR - 1) / kZNR * kZNR));
-  const int64_t n_blk = (NS + NT - 1) / NT, n_panel = NT / kZNR;
+  // Slots per block: V (16 · CP · NT units) within kWinoVBytes, whole panels.
+  const WinoBlock shape = wino_shape(std::max<int64_t>(kZNR, kWinoVBytes / (64 * CP) / kZNR * kZNR), TH, TWp);
+  const int64_t NT = (shape.bh * shape.bw + kZNR - 1) / kZNR * kZNR, n_panel = NT / kZNR, LE = wino_le(shape.bw);
+  const int64_t n_bx = (TWp + shape.bw - 1) / shape.bw, n_blk = (TH + shape.bh - 1) / shape.bh * n_bx;
   const int64_t n_unit = (Cout + kZMR - 1) / kZMR;
   const int64_t n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(pool.size()) + n_blk - 1) / n_blk, 1, n_unit);
   const int64_t cc_rows = (n_unit + n_cc - 1) / n_cc * kZMR, n_tasks = n_blk * n_cc;
@@ -306,37 +341,35 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
       static thread_local UnitScratch v_buf, m_buf, row_buf;
       uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
       float* M = m_buf.get<float>(static_cast<size_t>(16 * kZMR * NT));
-      const int64_t LRmax = 2 * std::min(NT, TWp) + 16;
-      float* rb = row_buf.get<float>(static_cast<size_t>(2 * 4 * LRmax));  // two channels' rows
-      float v0[16 * 16];                                                    // channel 2·cp's v, [ξ][lane]
+      const int64_t rows_per_ch = (2 * shape.bh + 2) * 2 * LE;
+      float* rb = row_buf.get<float>(static_cast<size_t>(2 * rows_per_ch));  // two channels' rows
+      float v0[16 * 16];                                                   // channel 2·cp's v, [ξ][lane]
       for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-        const int64_t s0 = t / n_cc * NT, ns = std::min(NT, NS - s0);
-        const int64_t c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
         if (c0 >= c1) continue;
-        // V: per channel pair, per tile-row segment of the block, per group of 16 slots.
-        if (ns < NT) std::memset(V, 0, static_cast<size_t>(16 * CP * NT) * 4);  // the last block's tail
-        for (int64_t cp = 0; cp < CP; ++cp)
-          for (int64_t sa = s0; sa < s0 + ns;) {
-            const int64_t ty = sa / TWp, tx0 = sa % TWp, tx1 = std::min(TWp, tx0 + (s0 + ns - sa));
-            const int64_t LR = 2 * (tx1 - tx0) + 16;
-            winograd_rows(g, 2 * cp, ty, tx0, tx1, rb);
-            const bool pair = 2 * cp + 1 < Cin;
-            if (pair) winograd_rows(g, 2 * cp + 1, ty, tx0, tx1, rb + 4 * LR);
-            for (int64_t tx = tx0; tx < tx1; tx += 16) {
-              const int64_t so = ty * TWp + tx - s0;  // the group's slot in the block
-              __m512 v[16];
-              winograd_input16(rb, LR, 2 * (tx - tx0), v);
-              for (int x = 0; x < 16; ++x) _mm512_storeu_ps(v0 + 16 * x, v[x]);
-              if (pair)
-                winograd_input16(rb + 4 * LR, LR, 2 * (tx - tx0), v);
-              else
-                for (auto& z : v) z = _mm512_setzero_ps();
-              for (int x = 0; x < 16; ++x)
-                _mm512_storeu_si512(V + ((x * n_panel + so / kZNR) * CP + cp) * kZNR + so % kZNR,
-                                    bf16_pairs_ftz(_mm512_loadu_ps(v0 + 16 * x), v[x]));
-            }
-            sa += tx1 - tx0;
+        WinoBlock k = shape;
+        k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
+        k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
+        const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0); the rest of the last panel zero
+        if (ns % kZNR) std::memset(V, 0, static_cast<size_t>(16 * CP * NT) * 4);
+        for (int64_t cp = 0; cp < CP; ++cp) {
+          const bool pair = 2 * cp + 1 < Cin;
+          winograd_rows(g, 2 * cp, k, rb);
+          if (pair) winograd_rows(g, 2 * cp + 1, k, rb + rows_per_ch);
+          for (int64_t so = 0; so < ns; so += 16) {
+            const int64_t r0 = 2 * (so / k.bw), k0 = so % k.bw;
+            __m512 v[16];
+            winograd_input16(rb, LE, r0, k0, v);
+            for (int x = 0; x < 16; ++x) _mm512_storeu_ps(v0 + 16 * x, v[x]);
+            if (pair)
+              winograd_input16(rb + rows_per_ch, LE, r0, k0, v);
+            else
+              for (auto& z : v) z = _mm512_setzero_ps();
+            for (int x = 0; x < 16; ++x)
+              _mm512_storeu_si512(V + ((x * n_panel + so / kZNR) * CP + cp) * kZNR + so % kZNR,
+                                  bf16_pairs_ftz(_mm512_loadu_ps(v0 + 16 * x), v[x]));
           }
+        }
         const Slivers sl(c0, c1, kZMR);
         for (int64_t i = 0; i < sl.n; ++i) {
           const int64_t co = sl.begin(i);
@@ -347,10 +380,10 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
                                      M + x * kZMR * NT + j * kZNR, NT, false, nullptr, kZNR);
           for (int r = 0; r < rows; ++r)
             for (int64_t so = 0; so < ns; so += 16) {
-              const int64_t ty = (s0 + so) / TWp, tx0 = (s0 + so) % TWp;
-              if (2 * tx0 >= W) continue;  // a dead group
+              const int64_t ty = k.ty0 + so / k.bw, tx = k.tx0 + so % k.bw;
+              if (2 * tx >= W) continue;  // a dead group
               winograd_output16(M + r * NT + so, kZMR * NT, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
-                                o + (co + r) * P, H, W, ty, tx0);
+                                o + (co + r) * P, H, W, ty, tx);
             }
         }
       }
