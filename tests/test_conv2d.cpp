@@ -299,23 +299,34 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   EXPECT_EQ(n_winograd > 0, has_subpixel);
 }
 
+// Operands of a 3×3 conv on which the reference forms are exact: inputs in quarters of [−2, 2],
+// integer taps and bias in [−3, 3], prologue scale 1 or 2 and shift in halves.
+struct ExactConv {
+  std::vector<float> x, scale, shift;
+  OwnedWeight w, b;  // (built in place: its data points into its own vectors)
+};
+ExactConv exact_conv(std::mt19937& rng, int64_t Cin, int64_t H, int64_t W, int64_t Cout) {
+  std::uniform_int_distribution<int> small(-3, 3), quarters(-8, 8);
+  std::vector<float> x(Cin * H * W), wv(Cout * Cin * 9), bv(Cout), scale(Cin), shift(Cin);
+  for (auto& v : x) v = 0.25f * static_cast<float>(quarters(rng));
+  for (auto& v : wv) v = static_cast<float>(small(rng));
+  for (auto& v : bv) v = static_cast<float>(small(rng));
+  for (auto& v : scale) v = static_cast<float>(1 + (small(rng) & 1));  // 1 or 2
+  for (auto& v : shift) v = 0.5f * static_cast<float>(small(rng));
+  return {x, scale, shift, make_weight(DType::kF32, {Cout, Cin, 3, 3}, wv), make_weight(DType::kF32, {Cout}, bv)};
+}
+
 // The sub-pixel form's reference against the upsampled conv's, on values for which every sum of
 // taps, every bf16 rounding and every double sum is exact (small integers, quarters): the two
 // must agree to the last bit, so any tap of a phase read from the wrong row or column, or summed
 // from the wrong 3×3 taps, shows. Then on random values, within the bf16 rounding of the sums.
 TEST(Conv2dRef, SubpixelFormEqualsUpsampledConv) {
   std::mt19937 rng(83);
-  std::uniform_int_distribution<int> small(-3, 3), quarters(-8, 8);
   for (const bool prologue : {false, true}) {
     const int64_t Cin = 5, H = 6, W = 7, Cout = 4, on = Cout * 4 * H * W;
-    std::vector<float> x(Cin * H * W), wv(Cout * Cin * 9), bv(Cout), scale(Cin), shift(Cin);
-    for (auto& v : x) v = 0.25f * static_cast<float>(quarters(rng));
-    for (auto& v : wv) v = static_cast<float>(small(rng));
-    for (auto& v : bv) v = static_cast<float>(small(rng));
-    for (auto& v : scale) v = static_cast<float>(1 + (small(rng) & 1));  // 1 or 2
-    for (auto& v : shift) v = 0.5f * static_cast<float>(small(rng));
-    auto w = make_weight(DType::kF32, {Cout, Cin, 3, 3}, wv);
-    auto b = make_weight(DType::kF32, {Cout}, bv);
+    const ExactConv e = exact_conv(rng, Cin, H, W, Cout);
+    const auto &x = e.x, &scale = e.scale, &shift = e.shift;
+    const auto &w = e.w, &b = e.b;
     kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
     p.upsample2x = true;
     if (prologue) p.in_scale = scale.data(), p.in_shift = shift.data();
@@ -357,17 +368,11 @@ TEST(Conv2dRef, SubpixelFormEqualsUpsampledConv) {
 // within a small multiple of conv2d_bf16's own rounding error.
 TEST(Conv2dRef, WinogradFormEqualsConv) {
   std::mt19937 rng(89);
-  std::uniform_int_distribution<int> small(-3, 3), quarters(-8, 8);
   for (const bool prologue : {false, true}) {
     const int64_t Cin = 5, H = prologue ? 7 : 6, W = prologue ? 9 : 8, Cout = 4, on = Cout * H * W;
-    std::vector<float> x(Cin * H * W), wv(Cout * Cin * 9), bv(Cout), scale(Cin), shift(Cin);
-    for (auto& v : x) v = 0.25f * static_cast<float>(quarters(rng));
-    for (auto& v : wv) v = static_cast<float>(small(rng));
-    for (auto& v : bv) v = static_cast<float>(small(rng));
-    for (auto& v : scale) v = static_cast<float>(1 + (small(rng) & 1));  // 1 or 2
-    for (auto& v : shift) v = 0.5f * static_cast<float>(small(rng));
-    auto w = make_weight(DType::kF32, {Cout, Cin, 3, 3}, wv);
-    auto b = make_weight(DType::kF32, {Cout}, bv);
+    const ExactConv e = exact_conv(rng, Cin, H, W, Cout);
+    const auto &x = e.x, &scale = e.scale, &shift = e.shift;
+    const auto &w = e.w, &b = e.b;
     kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
     if (prologue) p.in_scale = scale.data(), p.in_shift = shift.data();
     ASSERT_TRUE(kernels::conv2d_winograd_form(3, 3, p));
