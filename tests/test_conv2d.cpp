@@ -262,8 +262,11 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       // The AVX512_BF16 conv's sub-pixel form of an upsampling conv, and its Winograd form.
       bool subpixel = false, winograd = false;
 #if defined(KLEIN_X86)
-      const bool avx512bf16 = bf16 && fast.get(kernels::Op::kConv2d, dt).name == "conv2d_bf16_avx512bf16";
-      subpixel = avx512bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      const std::string_view conv_name = fast.get(kernels::Op::kConv2d, dt).name;
+      const bool avx512bf16 = bf16 && conv_name == "conv2d_bf16_avx512bf16";
+      const bool amx = bf16 && conv_name == "conv2d_bf16_amx";
+      subpixel = (avx512bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW)) ||
+                 (amx && kernels::amx::conv2d_subpixel(p, c.Cout, c.KH, c.KW));
       winograd = avx512bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
       n_subpixel += subpixel;
       n_winograd += winograd;
@@ -293,10 +296,10 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   // The bf16 conv is the fast row exactly where the CPU (and this parameter) has AVX512_BF16.
   const bool has_bf16 = CpuFeatures::host().has(Isa::kAvx512Bf16) && GetParam() >= Isa::kAvx512Bf16;
   EXPECT_EQ(n_bf16 > 0, has_bf16);
-  // ... and takes the sub-pixel form exactly where that conv is the AVX512_BF16 one.
-  const bool has_subpixel = has_bf16 && GetParam() == Isa::kAvx512Bf16;
-  EXPECT_EQ(n_subpixel > 0, has_subpixel);
-  EXPECT_EQ(n_winograd > 0, has_subpixel);
+  // ... takes the sub-pixel form wherever it is (the AVX512_BF16 and AMX convs both have it), and
+  // the Winograd form exactly where it is the AVX512_BF16 one.
+  EXPECT_EQ(n_subpixel > 0, has_bf16);
+  EXPECT_EQ(n_winograd > 0, has_bf16 && GetParam() == Isa::kAvx512Bf16);
 }
 
 // Operands of a 3×3 conv on which the reference forms are exact: inputs in quarters of [−2, 2],

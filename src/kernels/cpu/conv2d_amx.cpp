@@ -12,6 +12,7 @@
 // from the output (the bias, or what is accumulated onto) and go back to it through a 32 × 32
 // scratch, so partial tiles (edges of OW and Cout) need no special path. The channel pairs are
 // padded to whole 16-pair steps, Cout to whole 32-row blocks (zero weights).
+// The decoder's upsampling convs take this path in their sub-pixel form (conv2d_subpixel_direct).
 // Strided convs (the encoder's downsamplers) run the im2col GEMM of the AVX512_BF16 conv with the
 // same tiles (conv2d_im2col below); the few-output-channel ones the float32 direct conv, as in
 // every conv kernel.
@@ -119,6 +120,84 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
   }
 }
 
+// The decoder's upsampling convs in their sub-pixel form (conv2d_subpixel_form, kernels/conv2d.h;
+// ref::conv2d_bf16_subpixel's arithmetic): four 2 × 2 convs of the input itself, one per phase
+// (dy, dx), whose summed taps are subpixel_weights' ([phase][Cout][subpixel_lda(CP)] units). The
+// strip is built from the input at its own size, so a quarter of the upsampled strip's units and
+// prologue work, and each block takes 4 taps per phase instead of 9. Per 32 channels × 32 input
+// columns of input row a: for dy, the two dx phases' accumulators go to two 32 × 32 scratches and
+// out interleaved (column j of phase dx → output column 2j + dx of row 2a + dy).
+void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], CP = ((Cin + 1) / 2 + 15) / 16 * 16, U = subpixel_lda(CP);
+  const int64_t OW = 2 * W, P = 4 * H * W;
+  std::vector<uint16_t> wd = subpixel_weights(w, Cout, Cin, CP, pool);
+  // The last phase's last block may read up to 31 rows past Cout: zeros (never stored).
+  wd.resize(wd.size() + static_cast<size_t>(32 * U * 2), 0);
+  const auto* A = reinterpret_cast<const uint32_t*>(wd.data());
+  const ConvBias cb = conv_bias(bias, Cout);
+  Conv2dParams pl = p;
+  pl.upsample2x = false;  // the strip frames the input at its own size, padded by 1
+  ConvGeom g = conv_geom(Cin, H, W, 3, 3, H, W, pl);
+  const DirectPlan d = direct_plan(Cout, H, W, 3, 3, CP, 32, pool.size());
+  const int64_t LD = d.LD;
+  // Output columns 32h + 0..15 / 16..31 of a half h take lanes 0-7 / 8-15 of both phases, interleaved.
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      amx_configure_tiles();
+      static thread_local UnitScratch strip_buf;
+      alignas(64) float cbuf[2][32 * 32];
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const DirectPlan::Task tk = d.task(t, H, 3, Cout);
+        const int64_t R = tk.R, c0 = tk.c0, c1 = tk.c1;
+        if (c0 >= c1) continue;
+        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
+        build_strip(g, CP, tk.oy0, R, LD, S);
+        for (int64_t co = c0; co < c1; co += 32) {
+          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+          for (int64_t rr = 0; rr < tk.rows; ++rr)
+            for (int64_t xt = 0; xt < d.n_xt; ++xt) {
+              const int64_t x0 = xt * 32;
+              const int ncol = static_cast<int>(std::min<int64_t>(32, W - x0));
+              for (int64_t dy = 0; dy < 2; ++dy) {
+                for (int64_t dx = 0; dx < 2; ++dx) {
+                  // Tap (ty, tx) reads strip row rr + dy + ty (input row a − 1 + dy + ty), column x + dx + tx.
+                  const int64_t toff[4] = {dy * LD + dx, dy * LD + dx + 1, (dy + 1) * LD + dx, (dy + 1) * LD + dx + 1};
+                  const uint32_t* a = A + ((dy * 2 + dx) * Cout + co) * U;
+                  bias_to_acc(cb.v.data() + co, nr, cbuf[dx]);  // (+ the output, at the store)
+                  for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
+                    conv_tile(a + 4 * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0, R * LD, toff, 4);
+                  amx_acc_store(cbuf[dx], 128);
+                }
+                float* ob = o + co * P + (2 * (tk.oy0 + rr) + dy) * OW + 2 * x0;
+                const int nout = 2 * ncol;
+                for (int r = 0; r < nr; ++r)
+                  for (int h = 0; h < 2 && 32 * h < nout; ++h) {
+                    const __m512 e = _mm512_load_ps(cbuf[0] + r * 32 + 16 * h);
+                    const __m512 q = _mm512_load_ps(cbuf[1] + r * 32 + 16 * h);
+                    float* dst = ob + r * P + 32 * h;
+                    const __mmask16 m0 = col_mask(nout - 32 * h), m1 = col_mask(std::max(0, nout - 32 * h - 16));
+                    __m512 v0 = _mm512_permutex2var_ps(e, lo, q), v1 = _mm512_permutex2var_ps(e, hi, q);
+                    if (p.accumulate) {
+                      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, dst));
+                      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, dst + 16));
+                    }
+                    _mm512_mask_storeu_ps(dst, m0, v0);
+                    if (m1) _mm512_mask_storeu_ps(dst + 16, m1, v1);
+                  }
+              }
+            }
+        }
+      }
+    });
+  }
+}
+
 // Strided convs (the encoder's downsamplers): the im2col GEMM of conv2d_avx512_common.h — the
 // same bf16 panels [8 panels][kcu][32 units] per block of 256 output pixels and K slice, packed
 // by conv_pack_units<Bf16Dot> — with the products on tiles: A = 16 output channels × 16 units of
@@ -197,11 +276,17 @@ void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
 
 }  // namespace
 
+bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW) {
+  return conv2d_subpixel_form(KH, KW, p) && !avx2::conv2d_is_direct(Cout, p);
+}
+
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w, const Weight* bias,
             float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
   if (avx2::conv2d_is_direct(Cout, p))
     avx2::conv2d(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);  // few output channels: float32
+  else if (conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))
+    conv2d_subpixel_direct(in, N, Cin, H, W, w, bias, out, p, pool);
   else if (p.stride == 1 && T <= 64)
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
   else
