@@ -181,16 +181,19 @@ std::vector<ConvCase> cases() {
   v.push_back({2, 5, 6, 7, 2, 3, 3, 1, 1, 1, 1, 1, true, true, false, false, true});
   v.push_back({1, 7, 8, 16, 6, 3, 3, 1, 0, 2, 2, 0, false, false, false, false, false});
   v.push_back({1, 4, 11, 40, 5, 3, 3, 1, 1, 1, 1, 1, false, false, true, false, true});
-  // Upsampling convs past the direct path's Cout (the AVX512_BF16 conv's sub-pixel form): several
+  // Upsampling convs past the direct path's Cout (the bf16 convs' sub-pixel form): several
   // channel chunks and pixel tiles, a partial tile and sliver, an odd Cin, two batch items.
   v.push_back({1, 130, 5, 37, 30, 3, 3, 1, 1, 1, 1, 1, true, true, true, true, true});
   v.push_back({2, 9, 7, 16, 17, 3, 3, 1, 1, 1, 1, 1, true, false, false, false, false});
-  // Same-padded 3×3 convs of ≥ 16 channels (the AVX512_BF16 conv's Winograd form): several
+  // Same-padded 3×3 convs of ≥ 16 channels (the bf16 convs' Winograd form): several
   // blocks of tiles with a partial last one, three slivers, an odd Cin; odd sizes (a dead tile
   // slot per row, a half panel), two batch items, no prologue; a tile row shorter than a group.
   v.push_back({1, 130, 40, 40, 30, 3, 3, 1, 1, 1, 1, 1, false, true, true, true, true});
   v.push_back({2, 17, 10, 29, 15, 3, 3, 1, 1, 1, 1, 1, false, false, false, false, false});
   v.push_back({1, 32, 7, 5, 24, 3, 3, 1, 1, 1, 1, 1, false, true, false, true, true});
+  // A tile row longer than a block (256 channels: 64-slot blocks) whose last block is narrower
+  // (80 tile columns: 64 + 16): its rows are laid out for its own width, not the first block's.
+  v.push_back({1, 256, 4, 160, 8, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});
   return v;
 }
 
@@ -267,7 +270,8 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       const bool amx = bf16 && conv_name == "conv2d_bf16_amx";
       subpixel = (avx512bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW)) ||
                  (amx && kernels::amx::conv2d_subpixel(p, c.Cout, c.KH, c.KW));
-      winograd = avx512bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
+      winograd = (avx512bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW)) ||
+                 (amx && kernels::amx::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW));
       n_subpixel += subpixel;
       n_winograd += winograd;
 #endif
@@ -296,10 +300,10 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   // The bf16 conv is the fast row exactly where the CPU (and this parameter) has AVX512_BF16.
   const bool has_bf16 = CpuFeatures::host().has(Isa::kAvx512Bf16) && GetParam() >= Isa::kAvx512Bf16;
   EXPECT_EQ(n_bf16 > 0, has_bf16);
-  // ... takes the sub-pixel form wherever it is (the AVX512_BF16 and AMX convs both have it), and
-  // the Winograd form exactly where it is the AVX512_BF16 one.
+  // ... and takes the sub-pixel and Winograd forms wherever it is (the AVX512_BF16 and AMX convs
+  // both have them).
   EXPECT_EQ(n_subpixel > 0, has_bf16);
-  EXPECT_EQ(n_winograd > 0, has_bf16 && GetParam() == Isa::kAvx512Bf16);
+  EXPECT_EQ(n_winograd > 0, has_bf16);
 }
 
 // Operands of a 3×3 conv on which the reference forms are exact: inputs in quarters of [−2, 2],

@@ -12,7 +12,8 @@
 // from the output (the bias, or what is accumulated onto) and go back to it through a 32 × 32
 // scratch, so partial tiles (edges of OW and Cout) need no special path. The channel pairs are
 // padded to whole 16-pair steps, Cout to whole 32-row blocks (zero weights).
-// The decoder's upsampling convs take this path in their sub-pixel form (conv2d_subpixel_direct).
+// The decoder's upsampling convs take this path in their sub-pixel form (conv2d_subpixel_direct),
+// the other same-padded 3×3 convs of ≥ 16 channels the Winograd form (conv2d_winograd_tiles).
 // Strided convs (the encoder's downsamplers) run the im2col GEMM of the AVX512_BF16 conv with the
 // same tiles (conv2d_im2col below); the few-output-channel ones the float32 direct conv, as in
 // every conv kernel.
@@ -20,6 +21,7 @@
 #include "kernels/cpu/avx512bf16_dot.h"
 #include "kernels/cpu/conv2d_avx512_common.h"
 #include "kernels/cpu/conv2d_bf16_direct.h"
+#include "kernels/cpu/conv2d_bf16_winograd.h"
 
 namespace klein::kernels::amx {
 namespace {
@@ -198,6 +200,77 @@ void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, 
   }
 }
 
+// The other same-padded 3×3 convs in Winograd form F(2×2, 3×3) (conv2d_bf16_winograd.h; 16
+// products per 2×2 output tile and channel instead of 36, ref::conv2d_bf16_winograd's arithmetic),
+// the AVX512_BF16 conv's algorithm with the products on tiles. Per task (a block of NT slots, a
+// range of output channels) V is built once; then per 32 output channels × 32-slot panel, per ξ,
+// M_ξ[co][slot] = U_ξ · V_ξ over the channel pairs: A tile = 16 rows of U_ξ × 16 pairs (rows LDA
+// units apart), B tile = 16 pairs × 16 slots of V's panel (rows 32 units apart), stored to a
+// 32 × 32 scratch per ξ; then Aᵀ M A + bias (+ out) per group of 16 tiles. The channel pairs are
+// padded to whole 16-pair steps (zero in U and V), Cout to whole 32-row blocks (zero U rows).
+void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                           const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
+  const int64_t Cout = w.shape[0], CP = ((Cin + 1) / 2 + 15) / 16 * 16, LDA = winograd_lda(CP), P = H * W;
+  const int64_t CoutP = (Cout + 31) / 32 * 32;
+  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16;
+  // Kept across calls in the calling thread's scratch, as the AVX512_BF16 conv's.
+  static thread_local UnitScratch u_buf;
+  uint16_t* wu = u_buf.get<uint16_t>(static_cast<size_t>(CoutP * LDA * 2));
+  winograd_weights(w, Cout, Cin, CP, wu, pool);
+  std::memset(wu + Cout * LDA * 2, 0, static_cast<size_t>((CoutP - Cout) * LDA) * 4);
+  const auto* A = reinterpret_cast<const uint32_t*>(wu);
+  const ConvBias cb = conv_bias(bias, Cout);
+  const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
+  const WinoBlock shape = wino_shape(std::max<int64_t>(32, kWinoVBytes / (64 * CP) / 32 * 32), TH, TWp);
+  const int64_t NT = (shape.bh * shape.bw + 31) / 32 * 32, n_panel = NT / 32;
+  const int64_t n_bx = (TWp + shape.bw - 1) / shape.bw, n_blk = (TH + shape.bh - 1) / shape.bh * n_bx;
+  const int64_t n_unit = CoutP / 32;
+  const int64_t n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(pool.size()) + n_blk - 1) / n_blk, 1, n_unit);
+  const int64_t cc_rows = (n_unit + n_cc - 1) / n_cc * 32, n_tasks = n_blk * n_cc;
+  for (int64_t n = 0; n < N; ++n) {
+    ConvGeom g = g0;
+    g.x = in + n * Cin * H * W;
+    float* o = out + n * Cout * P;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      amx_configure_tiles();
+      static thread_local UnitScratch v_buf, m_buf, row_buf;
+      uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
+      float* M = m_buf.get<float>(16 * 32 * 32);  // [ξ][32 co][32 slots]
+      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(shape)));
+      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
+        const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+        if (c0 >= c1) continue;
+        WinoBlock k = shape;
+        k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
+        k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
+        const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
+        winograd_build_v(g, k, CP, n_panel, NT, rb, V);
+        for (int64_t co = c0; co < c1; co += 32) {
+          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+          for (int64_t j = 0; j * 32 < ns; ++j) {
+            for (int x = 0; x < 16; ++x) {
+              const uint32_t* a = A + co * LDA + x * CP;
+              const uint32_t* b = V + (x * n_panel + j) * CP * 32;
+              amx_acc_zero();
+              for (int64_t cp0 = 0; cp0 < CP; cp0 += 16)
+                amx_step<false>(a + cp0, a + 16 * LDA + cp0, LDA * 4, b + cp0 * 32, b + cp0 * 32 + 16, 128);
+              amx_acc_store(M + x * 1024, 128);
+            }
+            for (int r = 0; r < nr; ++r)
+              for (int64_t so = j * 32; so < std::min(ns, j * 32 + 32); so += 16) {
+                const int64_t ty = k.ty0 + so / k.bw, tx = k.tx0 + so % k.bw;
+                if (2 * tx >= W) continue;  // a dead group
+                winograd_output16(M + r * 32 + so % 32, 1024, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
+                                  o + (co + r) * P, H, W, ty, tx);
+              }
+          }
+        }
+      }
+    });
+  }
+}
+
 // Strided convs (the encoder's downsamplers): the im2col GEMM of conv2d_avx512_common.h — the
 // same bf16 panels [8 panels][kcu][32 units] per block of 256 output pixels and K slice, packed
 // by conv_pack_units<Bf16Dot> — with the products on tiles: A = 16 output channels × 16 units of
@@ -280,6 +353,10 @@ bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW
   return conv2d_subpixel_form(KH, KW, p) && !avx2::conv2d_is_direct(Cout, p);
 }
 
+bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW) {
+  return conv2d_winograd_form(KH, KW, p) && Cin >= kWinoMinCin && !avx2::conv2d_is_direct(Cout, p);
+}
+
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w, const Weight* bias,
             float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
@@ -287,6 +364,8 @@ void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const
     avx2::conv2d(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);  // few output channels: float32
   else if (conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))
     conv2d_subpixel_direct(in, N, Cin, H, W, w, bias, out, p, pool);
+  else if (conv2d_winograd(p, Cin, Cout, w.shape[2], w.shape[3]))
+    conv2d_winograd_tiles(in, N, Cin, H, W, w, bias, out, p, pool);
   else if (p.stride == 1 && T <= 64)
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);
   else

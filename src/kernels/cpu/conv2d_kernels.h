@@ -45,8 +45,10 @@ namespace amx {  // Isa::kAmx, fast: avx512bf16::conv2d's arithmetic with tdpbf1
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool);
-// Whether conv2d computes this conv in its sub-pixel form (as avx512bf16::conv2d_subpixel).
+// Whether conv2d computes this conv in its sub-pixel form (as avx512bf16::conv2d_subpixel), and
+// in its Winograd form (as avx512bf16::conv2d_winograd).
 bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW);
+bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW);
 }  // namespace amx
 
 }  // namespace klein::kernels
