@@ -85,41 +85,50 @@ void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
 
   const DirectPlan d = direct_plan(Cout, OH, OW, KH, KW, CP, 32, pool.size());
   const int64_t LD = d.LD;
-  for (int64_t n = 0; n < N; ++n) {
-    g.x = in + n * Cin * H * W;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      amx_configure_tiles();
-      static thread_local UnitScratch strip_buf;
-      alignas(64) float cbuf[32 * 32];
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const DirectPlan::Task tk = d.task(t, OH, KH, Cout);
-        const int64_t oy0 = tk.oy0, R = tk.R, c0 = tk.c0, c1 = tk.c1;
-        if (c0 >= c1) continue;
-        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
-        build_strip(g, CP, oy0, R, LD, S);
-        if (p.accumulate) conv_init_rows(o, P, c0, c1, oy0 * OW, tk.rows * OW, cb, true);
-        for (int64_t co = c0; co < c1; co += 32) {
-          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
-          for (int64_t rr = 0; rr < tk.rows; ++rr)
-            for (int64_t xt = 0; xt < d.n_xt; ++xt) {
-              const int64_t x0 = xt * 32;
-              const int ncol = static_cast<int>(std::min<int64_t>(32, OW - x0));
-              float* ob = o + co * P + (oy0 + rr) * OW + x0;
-              if (p.accumulate)
-                out_to_acc(ob, P, nr, ncol, cbuf);
-              else
-                bias_to_acc(cb.v.data() + co, nr, cbuf);
-              for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
-                conv_tile(A + co * U + T * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0, R * LD,
-                          d.toff, T);
-              acc_to_out(ob, P, nr, ncol, cbuf);
-            }
-        }
+  run_band_tasks(d, g, in, N, Cin * H * W, out, Cout * P, OH, KH, Cout, CP, pool, amx_configure_tiles,
+                 [&](float* o, const DirectPlan::Task& tk, const uint32_t* S) {
+                   const int64_t oy0 = tk.oy0, R = tk.R, c0 = tk.c0, c1 = tk.c1;
+                   alignas(64) float cbuf[32 * 32];
+                   if (p.accumulate) conv_init_rows(o, P, c0, c1, oy0 * OW, tk.rows * OW, cb, true);
+                   for (int64_t co = c0; co < c1; co += 32) {
+                     const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+                     for (int64_t rr = 0; rr < tk.rows; ++rr)
+                       for (int64_t xt = 0; xt < d.n_xt; ++xt) {
+                         const int64_t x0 = xt * 32;
+                         const int ncol = static_cast<int>(std::min<int64_t>(32, OW - x0));
+                         float* ob = o + co * P + (oy0 + rr) * OW + x0;
+                         if (p.accumulate)
+                           out_to_acc(ob, P, nr, ncol, cbuf);
+                         else
+                           bias_to_acc(cb.v.data() + co, nr, cbuf);
+                         for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
+                           conv_tile(A + co * U + T * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0,
+                                     R * LD, d.toff, T);
+                         acc_to_out(ob, P, nr, ncol, cbuf);
+                       }
+                   }
+                 });
+}
+
+// The two dx phases' 32 × 32 sums c[dx][row][j] (rows 0..nr − 1) into output rows ob + r·P as
+// column 2j + dx, nout ≤ 64 columns (+ what the output holds, when accumulating): for each half h,
+// output columns 32h + 0..15 / 16..31 take lanes 0-7 / 8-15 of both phases, interleaved.
+void interleave_to_out(const float (*c)[32 * 32], int nr, int nout, bool accumulate, float* ob, int64_t P) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  for (int r = 0; r < nr; ++r)
+    for (int h = 0; h < 2 && 32 * h < nout; ++h) {
+      const __m512 e = _mm512_load_ps(c[0] + r * 32 + 16 * h), q = _mm512_load_ps(c[1] + r * 32 + 16 * h);
+      float* dst = ob + r * P + 32 * h;
+      const __mmask16 m0 = col_mask(nout - 32 * h), m1 = col_mask(std::max(0, nout - 32 * h - 16));
+      __m512 v0 = _mm512_permutex2var_ps(e, lo, q), v1 = _mm512_permutex2var_ps(e, hi, q);
+      if (accumulate) {
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, dst));
+        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, dst + 16));
       }
-    });
-  }
+      _mm512_mask_storeu_ps(dst, m0, v0);
+      if (m1) _mm512_mask_storeu_ps(dst + 16, m1, v1);
+    }
 }
 
 // The decoder's upsampling convs in their sub-pixel form (conv2d_subpixel_form, kernels/conv2d.h;
@@ -143,61 +152,33 @@ void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, 
   ConvGeom g = conv_geom(Cin, H, W, 3, 3, H, W, pl);
   const DirectPlan d = direct_plan(Cout, H, W, 3, 3, CP, 32, pool.size());
   const int64_t LD = d.LD;
-  // Output columns 32h + 0..15 / 16..31 of a half h take lanes 0-7 / 8-15 of both phases, interleaved.
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  for (int64_t n = 0; n < N; ++n) {
-    g.x = in + n * Cin * H * W;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      amx_configure_tiles();
-      static thread_local UnitScratch strip_buf;
-      alignas(64) float cbuf[2][32 * 32];
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const DirectPlan::Task tk = d.task(t, H, 3, Cout);
-        const int64_t R = tk.R, c0 = tk.c0, c1 = tk.c1;
-        if (c0 >= c1) continue;
-        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * R * LD));
-        build_strip(g, CP, tk.oy0, R, LD, S);
-        for (int64_t co = c0; co < c1; co += 32) {
-          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
-          for (int64_t rr = 0; rr < tk.rows; ++rr)
-            for (int64_t xt = 0; xt < d.n_xt; ++xt) {
-              const int64_t x0 = xt * 32;
-              const int ncol = static_cast<int>(std::min<int64_t>(32, W - x0));
-              for (int64_t dy = 0; dy < 2; ++dy) {
-                for (int64_t dx = 0; dx < 2; ++dx) {
-                  // Tap (ty, tx) reads strip row rr + dy + ty (input row a − 1 + dy + ty), column x + dx + tx.
-                  const int64_t toff[4] = {dy * LD + dx, dy * LD + dx + 1, (dy + 1) * LD + dx, (dy + 1) * LD + dx + 1};
-                  const uint32_t* a = A + ((dy * 2 + dx) * Cout + co) * U;
-                  bias_to_acc(cb.v.data() + co, nr, cbuf[dx]);  // (+ the output, at the store)
-                  for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
-                    conv_tile(a + 4 * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0, R * LD, toff, 4);
-                  amx_acc_store(cbuf[dx], 128);
-                }
-                float* ob = o + co * P + (2 * (tk.oy0 + rr) + dy) * OW + 2 * x0;
-                const int nout = 2 * ncol;
-                for (int r = 0; r < nr; ++r)
-                  for (int h = 0; h < 2 && 32 * h < nout; ++h) {
-                    const __m512 e = _mm512_load_ps(cbuf[0] + r * 32 + 16 * h);
-                    const __m512 q = _mm512_load_ps(cbuf[1] + r * 32 + 16 * h);
-                    float* dst = ob + r * P + 32 * h;
-                    const __mmask16 m0 = col_mask(nout - 32 * h), m1 = col_mask(std::max(0, nout - 32 * h - 16));
-                    __m512 v0 = _mm512_permutex2var_ps(e, lo, q), v1 = _mm512_permutex2var_ps(e, hi, q);
-                    if (p.accumulate) {
-                      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, dst));
-                      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, dst + 16));
-                    }
-                    _mm512_mask_storeu_ps(dst, m0, v0);
-                    if (m1) _mm512_mask_storeu_ps(dst + 16, m1, v1);
-                  }
-              }
-            }
-        }
-      }
-    });
-  }
+  run_band_tasks(d, g, in, N, Cin * H * W, out, Cout * P, H, 3, Cout, CP, pool, amx_configure_tiles,
+                 [&](float* o, const DirectPlan::Task& tk, const uint32_t* S) {
+                   const int64_t R = tk.R, c0 = tk.c0, c1 = tk.c1;
+                   alignas(64) float cbuf[2][32 * 32];
+                   for (int64_t co = c0; co < c1; co += 32) {
+                     const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+                     for (int64_t rr = 0; rr < tk.rows; ++rr)
+                       for (int64_t xt = 0; xt < d.n_xt; ++xt) {
+                         const int64_t x0 = xt * 32;
+                         const int ncol = static_cast<int>(std::min<int64_t>(32, W - x0));
+                         for (int64_t dy = 0; dy < 2; ++dy) {
+                           for (int64_t dx = 0; dx < 2; ++dx) {
+                             // Tap (ty, tx): strip row rr + dy + ty (input row a − 1 + dy + ty), column x + dx + tx.
+                             const int64_t t0 = dy * LD + dx, toff[4] = {t0, t0 + 1, t0 + LD, t0 + LD + 1};
+                             const uint32_t* a = A + ((dy * 2 + dx) * Cout + co) * U;
+                             bias_to_acc(cb.v.data() + co, nr, cbuf[dx]);  // (+ the output, at the store)
+                             for (int64_t cp0 = 0; cp0 < CP; cp0 += kCPC)
+                               conv_tile(a + 4 * cp0, U, std::min(kCPC, CP - cp0), S + (cp0 * R + rr) * LD + x0,
+                                         R * LD, toff, 4);
+                             amx_acc_store(cbuf[dx], 128);
+                           }
+                           interleave_to_out(cbuf, nr, 2 * ncol, p.accumulate,
+                                             o + co * P + (2 * (tk.oy0 + rr) + dy) * OW + 2 * x0, P);
+                         }
+                       }
+                   }
+                 });
 }
 
 // The other same-padded 3×3 convs in Winograd form F(2×2, 3×3) (conv2d_bf16_winograd.h; 16
@@ -212,7 +193,6 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
                            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], CP = ((Cin + 1) / 2 + 15) / 16 * 16, LDA = winograd_lda(CP), P = H * W;
   const int64_t CoutP = (Cout + 31) / 32 * 32;
-  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16;
   // Kept across calls in the calling thread's scratch, as the AVX512_BF16 conv's.
   static thread_local UnitScratch u_buf;
   uint16_t* wu = u_buf.get<uint16_t>(static_cast<size_t>(CoutP * LDA * 2));
@@ -221,12 +201,8 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
   const auto* A = reinterpret_cast<const uint32_t*>(wu);
   const ConvBias cb = conv_bias(bias, Cout);
   const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
-  const WinoBlock shape = wino_shape(std::max<int64_t>(32, kWinoVBytes / (64 * CP) / 32 * 32), TH, TWp);
-  const int64_t NT = (shape.bh * shape.bw + 31) / 32 * 32, n_panel = NT / 32;
-  const int64_t n_bx = (TWp + shape.bw - 1) / shape.bw, n_blk = (TH + shape.bh - 1) / shape.bh * n_bx;
-  const int64_t n_unit = CoutP / 32;
-  const int64_t n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(pool.size()) + n_blk - 1) / n_blk, 1, n_unit);
-  const int64_t cc_rows = (n_unit + n_cc - 1) / n_cc * 32, n_tasks = n_blk * n_cc;
+  const WinoPlan d = wino_plan(Cout, H, W, CP, 32, pool.size());
+  const int64_t NT = d.NT, n_panel = d.n_panel;
   for (int64_t n = 0; n < N; ++n) {
     ConvGeom g = g0;
     g.x = in + n * Cin * H * W;
@@ -237,13 +213,10 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
       static thread_local UnitScratch v_buf, m_buf, row_buf;
       uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
       float* M = m_buf.get<float>(16 * 32 * 32);  // [ξ][32 co][32 slots]
-      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(shape)));
-      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-        const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(d.shape)));
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const auto [k, c0, c1] = d.task(t, Cout);
         if (c0 >= c1) continue;
-        WinoBlock k = shape;
-        k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
-        k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
         const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
         winograd_build_v(g, k, CP, n_panel, NT, rb, V);
         for (int64_t co = c0; co < c1; co += 32) {

@@ -26,29 +26,19 @@ namespace klein::kernels::avx512bf16 {
 namespace {
 
 // Every task of plan d (over OH output rows of a KH-tall kernel) of every batch item, on the
-// pool: the task's strip S built from g (CP planes of tk.R rows × d.LD units), its output rows
-// set to the bias (or the bias added) — rows [first · OW, (first + rows) · OW) of channels
-// [c0, c1), through `row_scale` output rows per planned row — then body(o, tk, S).
+// pool (run_band_tasks), its output rows set to the bias (or the bias added) before body — rows
+// [first · OW, (first + rows) · OW) of channels [c0, c1), through `row_scale` output rows per
+// planned row.
 template <class Body>
-void run_bands(const DirectPlan& d, ConvGeom g, const float* in, int64_t N, int64_t in_item, float* out,
+void run_bands(const DirectPlan& d, const ConvGeom& g, const float* in, int64_t N, int64_t in_item, float* out,
                int64_t Cout, int64_t P, int64_t OH, int64_t KH, int64_t OW, int64_t row_scale, int64_t CP,
                const ConvBias& cb, bool accumulate, ThreadPool& pool, const Body& body) {
-  for (int64_t n = 0; n < N; ++n) {
-    g.x = in + n * in_item;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      static thread_local UnitScratch strip_buf;
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const DirectPlan::Task tk = d.task(t, OH, KH, Cout);
-        if (tk.c0 >= tk.c1) continue;
-        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * tk.R * d.LD));
-        build_strip(g, CP, tk.oy0, tk.R, d.LD, S);
-        conv_init_rows(o, P, tk.c0, tk.c1, row_scale * tk.oy0 * OW, row_scale * tk.rows * OW, cb, accumulate);
-        body(o, tk, S);
-      }
-    });
-  }
+  run_band_tasks(d, g, in, N, in_item, out, Cout * P, OH, KH, Cout, CP, pool, [] {},
+                 [&](float* o, const DirectPlan::Task& tk, const uint32_t* S) {
+                   const int64_t first = row_scale * tk.oy0 * OW, n = row_scale * tk.rows * OW;
+                   conv_init_rows(o, P, tk.c0, tk.c1, first, n, cb, accumulate);
+                   body(o, tk, S);
+                 });
 }
 
 void conv2d_direct(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
@@ -136,7 +126,6 @@ void conv2d_subpixel_direct(const float* in, int64_t N, int64_t Cin, int64_t H, 
 void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                            const Weight* bias, float* out, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], CP = (Cin + 1) / 2, LDA = winograd_lda(CP), P = H * W;
-  const int64_t TH = (H + 1) / 2, TW = (W + 1) / 2, TWp = (TW + 15) / 16 * 16;
   // The calling thread's U buffer is kept across calls (as the workers' scratch): a fresh
   // 2-8 MB vector per conv was zeroed and page-faulted on that one thread each time.
   static thread_local UnitScratch u_buf;
@@ -145,13 +134,9 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
   const auto* A = reinterpret_cast<const uint32_t*>(wu);  // read through Bf16Dot::bcast's memcpy
   const ConvBias cb = conv_bias(bias, Cout);
   const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
-  // Slots per block: V (16 · CP · NT units) within kWinoVBytes, whole panels.
-  const WinoBlock shape = wino_shape(std::max<int64_t>(kZNR, kWinoVBytes / (64 * CP) / kZNR * kZNR), TH, TWp);
-  const int64_t NT = (shape.bh * shape.bw + kZNR - 1) / kZNR * kZNR, n_panel = NT / kZNR;
-  const int64_t n_bx = (TWp + shape.bw - 1) / shape.bw, n_blk = (TH + shape.bh - 1) / shape.bh * n_bx;
-  const int64_t n_unit = (Cout + kZMR - 1) / kZMR;
-  const int64_t n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(pool.size()) + n_blk - 1) / n_blk, 1, n_unit);
-  const int64_t cc_rows = (n_unit + n_cc - 1) / n_cc * kZMR, n_tasks = n_blk * n_cc;
+  static_assert(kZNR == 32);  // wino_plan's panels
+  const WinoPlan d = wino_plan(Cout, H, W, CP, kZMR, pool.size());
+  const int64_t NT = d.NT, n_panel = d.n_panel;
   for (int64_t n = 0; n < N; ++n) {
     ConvGeom g = g0;
     g.x = in + n * Cin * H * W;
@@ -161,13 +146,10 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
       static thread_local UnitScratch v_buf, m_buf, row_buf;
       uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
       float* M = m_buf.get<float>(static_cast<size_t>(16 * kZMR * NT));
-      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(shape)));  // two channels' rows
-      for (int64_t t = next.fetch_add(1); t < n_tasks; t = next.fetch_add(1)) {
-        const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows, c1 = std::min(Cout, c0 + cc_rows);
+      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(d.shape)));  // two channels' rows
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const auto [k, c0, c1] = d.task(t, Cout);
         if (c0 >= c1) continue;
-        WinoBlock k = shape;
-        k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
-        k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
         const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
         winograd_build_v(g, k, CP, n_panel, NT, rb, V);
         const Slivers sl(c0, c1, kZMR);

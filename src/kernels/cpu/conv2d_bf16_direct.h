@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -196,6 +197,32 @@ void build_strip(const ConvGeom& g, int64_t CP, int64_t oy0, int64_t R, int64_t 
         _mm512_storeu_si512(d + x, f32x16x2_to_bf16_pairs(v0, v1));
       }
     }
+}
+
+// Every task of plan d (over `rows` output rows of the strip's frame, a KH-tall kernel, geometry
+// g) of every batch item, on the pool's threads: setup() once per thread and item (the AMX conv
+// configures its tiles), then per task its strip S built (CP planes of tk.R rows × d.LD units)
+// and body(o, tk, S), o the item's output.
+template <class Setup, class Body>
+void run_band_tasks(const DirectPlan& d, ConvGeom g, const float* in, int64_t N, int64_t in_item, float* out,
+                    int64_t out_item, int64_t rows, int64_t KH, int64_t Cout, int64_t CP, ThreadPool& pool,
+                    const Setup& setup, const Body& body) {
+  for (int64_t n = 0; n < N; ++n) {
+    g.x = in + n * in_item;
+    float* o = out + n * out_item;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      setup();
+      static thread_local UnitScratch strip_buf;
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const DirectPlan::Task tk = d.task(t, rows, KH, Cout);
+        if (tk.c0 >= tk.c1) continue;
+        uint32_t* S = strip_buf.get<uint32_t>(static_cast<size_t>(CP * tk.R * d.LD));
+        build_strip(g, CP, tk.oy0, tk.R, d.LD, S);
+        body(o, tk, S);
+      }
+    });
+  }
 }
 
 }  // namespace

@@ -204,6 +204,42 @@ inline WinoBlock wino_shape(int64_t NT, int64_t TH, int64_t TWp) {
 }
 
 
+// How a Winograd conv of H × W outputs splits its work: blocks of whole tile rows (wino_shape) of
+// NT slots at most (V = 16 · CP · NT units within kWinoVBytes, whole 32-slot panels), each split
+// into ranges of whole `unit`-row blocks of output channels so that the pool's threads get ~4
+// tasks each.
+struct WinoPlan {
+  WinoBlock shape;
+  int64_t TH, TWp, NT, n_panel, n_bx, n_cc, cc_rows, n_tasks;
+  // Task t: block k (tile rows [k.ty0, k.ty0 + k.bh) × columns [k.tx0, k.tx0 + k.bw)), output
+  // channels [c0, c1) (empty: skip).
+  struct Task {
+    WinoBlock k;
+    int64_t c0, c1;
+  };
+  Task task(int64_t t, int64_t Cout) const {
+    const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows;
+    WinoBlock k = shape;
+    k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
+    k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
+    return {k, c0, std::min(Cout, c0 + cc_rows)};
+  }
+};
+inline WinoPlan wino_plan(int64_t Cout, int64_t H, int64_t W, int64_t CP, int64_t unit, int threads) {
+  WinoPlan d;
+  d.TH = (H + 1) / 2;
+  d.TWp = ((W + 1) / 2 + 15) / 16 * 16;
+  d.shape = wino_shape(std::max<int64_t>(32, kWinoVBytes / (64 * CP) / 32 * 32), d.TH, d.TWp);
+  d.NT = (d.shape.bh * d.shape.bw + 31) / 32 * 32;
+  d.n_panel = d.NT / 32;
+  d.n_bx = (d.TWp + d.shape.bw - 1) / d.shape.bw;
+  const int64_t n_blk = (d.TH + d.shape.bh - 1) / d.shape.bh * d.n_bx, n_unit = (Cout + unit - 1) / unit;
+  d.n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(threads) + n_blk - 1) / n_blk, 1, n_unit);
+  d.cc_rows = (n_unit + d.n_cc - 1) / d.n_cc * unit;
+  d.n_tasks = n_blk * d.n_cc;
+  return d;
+}
+
 // Rows per channel of winograd_rows' buffer for blocks of this shape (at most).
 constexpr int64_t winograd_rows_per_ch(const WinoBlock& shape) { return (2 * shape.bh + 2) * 2 * wino_le(shape.bw); }
 
