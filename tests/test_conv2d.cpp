@@ -173,6 +173,9 @@ std::vector<ConvCase> cases() {
   v.push_back({1, 40, 12, 12, 7, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // K > 256
   v.push_back({1, 3, 11, 9, 4, 5, 3, 1, 2, 2, 1, 1, false, false, false, false, true});  // 5×3
   v.push_back({1, 2, 7, 7, 3, 3, 3, 3, 2, 0, 0, 2, false, true, true, false, true});  // stride 3, odd pads
+  // Stride 2 with whole 32-pixel panels in one output row (the encoder's downsamplers: the
+  // vectorised stride-2 gather of the im2col pack, full runs and the overlapping last 8).
+  v.push_back({1, 4, 5, 128, 12, 3, 3, 2, 0, 1, 0, 1, false, true, true, false, true});
   v.push_back({1, 1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // 1×1 image
   v.push_back({1, 64, 24, 40, 70, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});  // many blocks
   // Small Cout (the direct path on x86): decoder conv_out, with and without extras.
