@@ -265,16 +265,14 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       std::vector<float> y = random_vec(on, rng), yr(y);
       const Weight* bp = c.bias ? &b.w : nullptr;
       kernels::run_conv2d(fast, x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
-      // The AVX512_BF16 conv's sub-pixel form of an upsampling conv, and its Winograd form.
+      // The bf16 convs' (AVX512_BF16, AMX) sub-pixel form of an upsampling conv, and their
+      // Winograd form.
       bool subpixel = false, winograd = false;
 #if defined(KLEIN_X86)
       const std::string_view conv_name = fast.get(kernels::Op::kConv2d, dt).name;
-      const bool avx512bf16 = bf16 && conv_name == "conv2d_bf16_avx512bf16";
-      const bool amx = bf16 && conv_name == "conv2d_bf16_amx";
-      subpixel = (avx512bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW)) ||
-                 (amx && kernels::amx::conv2d_subpixel(p, c.Cout, c.KH, c.KW));
-      winograd = (avx512bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW)) ||
-                 (amx && kernels::amx::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW));
+      const bool bf16_conv = bf16 && (conv_name == "conv2d_bf16_avx512bf16" || conv_name == "conv2d_bf16_amx");
+      subpixel = bf16_conv && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      winograd = bf16_conv && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
       n_subpixel += subpixel;
       n_winograd += winograd;
 #endif

@@ -322,22 +322,14 @@ void conv2d_im2col(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W
 
 }  // namespace
 
-bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW) {
-  return conv2d_subpixel_form(KH, KW, p) && !avx2::conv2d_is_direct(Cout, p);
-}
-
-bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW) {
-  return conv2d_winograd_form(KH, KW, p) && Cin >= kWinoMinCin && !avx2::conv2d_is_direct(Cout, p);
-}
-
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w, const Weight* bias,
             float* out, int64_t OH, int64_t OW, const Conv2dParams& p, ThreadPool& pool) {
   const int64_t Cout = w.shape[0], T = w.shape[2] * w.shape[3];
   if (avx2::conv2d_is_direct(Cout, p))
     avx2::conv2d(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);  // few output channels: float32
-  else if (conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))
+  else if (avx512bf16::conv2d_subpixel(p, Cout, w.shape[2], w.shape[3]))  // the AVX512_BF16 conv's forms
     conv2d_subpixel_direct(in, N, Cin, H, W, w, bias, out, p, pool);
-  else if (conv2d_winograd(p, Cin, Cout, w.shape[2], w.shape[3]))
+  else if (avx512bf16::conv2d_winograd(p, Cin, Cout, w.shape[2], w.shape[3]))
     conv2d_winograd_tiles(in, N, Cin, H, W, w, bias, out, p, pool);
   else if (p.stride == 1 && T <= 64)
     conv2d_direct(in, N, Cin, H, W, w, bias, out, OH, OW, p, pool);

@@ -73,7 +73,8 @@ void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ui
       uint16_t* d = out + co * U * 2;
       for (int x = 0; x < 16; ++x) {
         f32_to_bf16_row(uf.data() + x * Cin16, Cin, d + 2 * x * CP);
-        std::fill(d + 2 * x * CP + Cin, d + 2 * (x + 1) * CP, uint16_t{0});  // past Cin (the last pair's missing channel, padding pairs)
+        // Zero past Cin: the last pair's missing channel, and pairs padded past (Cin + 1) / 2.
+        std::fill(d + 2 * x * CP + Cin, d + 2 * (x + 1) * CP, uint16_t{0});
       }
     }
   });
@@ -202,7 +203,6 @@ inline WinoBlock wino_shape(int64_t NT, int64_t TH, int64_t TWp) {
   const int64_t bw = std::min(NT, TWp);
   return {0, std::clamp<int64_t>(NT / bw, 1, TH), 0, bw};
 }
-
 
 // How a Winograd conv of H × W outputs splits its work: blocks of whole tile rows (wino_shape) of
 // NT slots at most (V = 16 · CP · NT units within kWinoVBytes, whole 32-slot panels), each split

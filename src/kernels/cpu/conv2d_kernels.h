@@ -30,25 +30,22 @@ namespace avx512bf16 {  // Isa::kAvx512Bf16, fast: input (after the prologue) an
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool);
-// Whether conv2d computes this conv in its sub-pixel form (ref::conv2d_bf16_subpixel's arithmetic)
-// rather than as ref::conv2d_bf16: a 3×3 upsampling conv with padding 1 and more output channels
-// than the float32 direct path takes.
+// Whether conv2d (and amx::conv2d) computes this conv in its sub-pixel form
+// (ref::conv2d_bf16_subpixel's arithmetic) rather than as ref::conv2d_bf16: a 3×3 upsampling conv
+// with padding 1 and more output channels than the float32 direct path takes.
 bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW);
-// Whether conv2d computes this conv in its Winograd form F(2×2, 3×3) (ref::conv2d_bf16_winograd's
-// arithmetic): a stride-1 3×3 conv with padding 1, no upsampling, ≥ 16 input channels and more
-// output channels than the float32 direct path takes.
+// Whether conv2d (and amx::conv2d) computes this conv in its Winograd form F(2×2, 3×3)
+// (ref::conv2d_bf16_winograd's arithmetic): a stride-1 3×3 conv with padding 1, no upsampling,
+// ≥ 16 input channels and more output channels than the float32 direct path takes.
 bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW);
 }  // namespace avx512bf16
 
-namespace amx {  // Isa::kAmx, fast: avx512bf16::conv2d's arithmetic with tdpbf16ps tile products
-                 // on its stride-1 direct path (conv2d_amx.cpp)
+namespace amx {  // Isa::kAmx, fast: avx512bf16::conv2d's arithmetic with tdpbf16ps tile products,
+                 // in the same forms (direct, sub-pixel and Winograd where avx512bf16's predicates
+                 // say so; conv2d_amx.cpp)
 void conv2d(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
             const Weight* bias, float* out, int64_t OH, int64_t OW, const Conv2dParams& p,
             ThreadPool& pool);
-// Whether conv2d computes this conv in its sub-pixel form (as avx512bf16::conv2d_subpixel), and
-// in its Winograd form (as avx512bf16::conv2d_winograd).
-bool conv2d_subpixel(const Conv2dParams& p, int64_t Cout, int64_t KH, int64_t KW);
-bool conv2d_winograd(const Conv2dParams& p, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW);
 }  // namespace amx
 
 }  // namespace klein::kernels
