@@ -197,6 +197,9 @@ std::vector<ConvCase> cases() {
   // A tile row longer than a block (256 channels: 64-slot blocks) whose last block is narrower
   // (80 tile columns: 64 + 16): its rows are laid out for its own width, not the first block's.
   v.push_back({1, 256, 4, 160, 8, 3, 3, 1, 1, 1, 1, 1, false, true, true, false, true});
+  // An upsampling conv of ≥ 16 channels without a prologue (the float32 Winograd form on the
+  // upsampled image): two batch items, an odd width (a dead tile slot), accumulation.
+  v.push_back({2, 20, 3, 9, 13, 3, 3, 1, 1, 1, 1, 1, true, false, false, true, true});
   return v;
 }
 
@@ -237,11 +240,15 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   const auto fast = kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
   std::mt19937 rng(81);
   ThreadPool pool1(1), pool3(3);
-  int i = 0, n_bf16 = 0, n_subpixel = 0, n_winograd = 0;
+  int i = 0, n_bf16 = 0, n_subpixel = 0, n_winograd = 0, n_f32_winograd = 0;
   for (const auto& c : cases())
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       ThreadPool& pool = (i++ % 2 == 0) ? pool1 : pool3;
-      bool bf16 = fast.get(kernels::Op::kConv2d, dt).fast;
+      // Which arithmetic the chosen conv has: bf16 operands (AVX512_BF16, AMX), the float32
+      // Winograd form (the fast AVX2 / AVX-512F convs), or the exact float32 one.
+      const std::string_view conv_name = fast.get(kernels::Op::kConv2d, dt).name;
+      bool bf16 = conv_name == "conv2d_bf16_avx512bf16" || conv_name == "conv2d_bf16_amx";
+      const bool f32_fast = conv_name == "conv2d_winograd_avx2" || conv_name == "conv2d_winograd_avx512";
       n_bf16 += bf16;
 #if defined(KLEIN_X86)
       // Convs with a handful of output channels run the float32 direct path in every kernel.
@@ -265,21 +272,23 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       std::vector<float> y = random_vec(on, rng), yr(y);
       const Weight* bp = c.bias ? &b.w : nullptr;
       kernels::run_conv2d(fast, x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, y.data(), p, pool);
-      // The bf16 convs' (AVX512_BF16, AMX) sub-pixel form of an upsampling conv, and their
-      // Winograd form.
-      bool subpixel = false, winograd = false;
+      // The bf16 convs' sub-pixel form of an upsampling conv, and their Winograd form; the float32
+      // Winograd form of the fast float32 convs.
+      bool subpixel = false, winograd = false, f32_winograd = false;
 #if defined(KLEIN_X86)
-      const std::string_view conv_name = fast.get(kernels::Op::kConv2d, dt).name;
-      const bool bf16_conv = bf16 && (conv_name == "conv2d_bf16_avx512bf16" || conv_name == "conv2d_bf16_amx");
-      subpixel = bf16_conv && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
-      winograd = bf16_conv && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
+      subpixel = bf16 && kernels::avx512bf16::conv2d_subpixel(p, c.Cout, c.KH, c.KW);
+      winograd = bf16 && kernels::avx512bf16::conv2d_winograd(p, c.Cin, c.Cout, c.KH, c.KW);
+      f32_winograd = f32_fast && kernels::avx2::conv2d_winograd_f32(p, c.Cin, c.Cout, c.KH, c.KW);
       n_subpixel += subpixel;
       n_winograd += winograd;
+      n_f32_winograd += f32_winograd;
 #endif
       if (subpixel)
         kernels::ref::conv2d_bf16_subpixel(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else if (winograd)
         kernels::ref::conv2d_bf16_winograd(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
+      else if (f32_winograd)
+        kernels::ref::conv2d_winograd(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else if (bf16)
         kernels::ref::conv2d_bf16(x.data(), c.N, c.Cin, c.H, c.W, w.w, bp, yr.data(), p);
       else
@@ -293,9 +302,9 @@ TEST_P(Conv2d, FastMatchesItsRef) {
       for (int64_t k = 0; k < on; ++k) {
         const float e = std::fabs(y[k] - yr[k]);
         ASSERT_TRUE(e <= bound) << "output " << k << " error " << e << " bound " << bound << " Cin=" << c.Cin
-                                << " Cout=" << c.Cout << " k=" << c.KH << "x" << c.KW << " dtype=" << dtype_name(dt)
-                                << (bf16 ? " bf16" : " exact");
-
+                                << " Cout=" << c.Cout << " k=" << c.KH << "x" << c.KW << " up=" << c.up
+                                << " dtype=" << dtype_name(dt) << " " << conv_name
+                                << (bf16 ? " bf16" : f32_winograd ? " f32 winograd" : " exact");
       }
     }
   // The bf16 conv is the fast row exactly where the CPU (and this parameter) has AVX512_BF16.
@@ -305,6 +314,8 @@ TEST_P(Conv2d, FastMatchesItsRef) {
   // both have them).
   EXPECT_EQ(n_subpixel > 0, has_bf16);
   EXPECT_EQ(n_winograd > 0, has_bf16);
+  // Below it, from AVX2 up, the float32 Winograd form runs.
+  EXPECT_EQ(n_f32_winograd > 0, !has_bf16 && GetParam() >= Isa::kAvx2);
 }
 
 // Operands of a 3×3 conv on which the reference forms are exact: inputs in quarters of [−2, 2],
@@ -420,6 +431,58 @@ TEST(Conv2dRef, WinogradFormEqualsConv) {
   q.stride = 1, q.pad_left = 0;
   EXPECT_FALSE(kernels::conv2d_winograd_form(3, 3, q));
   EXPECT_THROW(kernels::ref::conv2d_bf16_winograd(x.data(), 1, Cin, H, W, w.w, nullptr, yw.data(), q),
+               std::invalid_argument);
+}
+
+// The float32 Winograd form's reference against the plain conv's, with and without the ×2
+// upsampling: exact on exact operands (as above), so a window or tile of the upsampled image read
+// off by one shows; then on random values, within float32 rounding of U and V (the only roundings
+// the double-summed reference makes that ref::conv2d does not).
+TEST(Conv2dRef, WinogradF32FormEqualsConv) {
+  std::mt19937 rng(91);
+  for (const bool up : {false, true})
+    for (const bool prologue : {false, true}) {
+      const int64_t Cin = 5, H = prologue ? 5 : 4, W = prologue ? 7 : 6, Cout = 3, u = up ? 2 : 1;
+      const int64_t on = Cout * H * u * W * u;
+      const ExactConv e = exact_conv(rng, Cin, H, W, Cout);
+      kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+      p.upsample2x = up;
+      if (prologue) p.in_scale = e.scale.data(), p.in_shift = e.shift.data();
+      ASSERT_TRUE(kernels::conv2d_winograd_f32_form(3, 3, p));
+      std::vector<float> ys(on, 1.0f), yr(on, 1.0f);
+      p.accumulate = prologue;  // both ways
+      kernels::ref::conv2d_winograd(e.x.data(), 1, Cin, H, W, e.w.w, &e.b.w, ys.data(), p);
+      kernels::ref::conv2d(e.x.data(), 1, Cin, H, W, e.w.w, &e.b.w, yr.data(), p);
+      for (int64_t k = 0; k < on; ++k)
+        ASSERT_EQ(ys[k], yr[k]) << "output " << k << " up " << up << " prologue " << prologue;
+    }
+  const int64_t Cin = 32, H = 9, W = 11, Cout = 6;
+  const auto x = random_vec(Cin * H * W, rng, -2, 2);
+  const auto scale = random_vec(Cin, rng, 0.5f, 1.5f), shift = random_vec(Cin, rng);
+  auto w = make_weight(DType::kBF16, {Cout, Cin, 3, 3}, random_vec(Cout * Cin * 9, rng));
+  for (const bool up : {false, true}) {
+    kernels::Conv2dParams p = kernels::Conv2dParams::same(3);
+    p.in_scale = scale.data(), p.in_shift = shift.data(), p.in_silu = true, p.upsample2x = up;
+    const int64_t on = Cout * H * W * (up ? 4 : 1);
+    std::vector<float> yw(on), yf(on);
+    kernels::ref::conv2d_winograd(x.data(), 1, Cin, H, W, w.w, nullptr, yw.data(), p);
+    kernels::ref::conv2d(x.data(), 1, Cin, H, W, w.w, nullptr, yf.data(), p);
+    double ew = 0, den = 0;
+    for (int64_t k = 0; k < on; ++k) ew += (yw[k] - yf[k]) * (yw[k] - yf[k]), den += yf[k] * yf[k];
+    ew = std::sqrt(ew / den);
+    std::printf("relative RMS error of the float32 Winograd form (up %d): %.3g\n", up, ew);
+    EXPECT_GT(ew, 0.0);   // not the same arithmetic
+    EXPECT_LT(ew, 1e-6);  // but float32's: U and V round at 2^-24 relative
+  }
+  // Strided or other-padded 3×3 convs are not accepted.
+  kernels::Conv2dParams q = kernels::Conv2dParams::same(3);
+  q.stride = 2;
+  EXPECT_FALSE(kernels::conv2d_winograd_f32_form(3, 3, q));
+  q.stride = 1, q.pad_bottom = 0;
+  EXPECT_FALSE(kernels::conv2d_winograd_f32_form(3, 3, q));
+  EXPECT_FALSE(kernels::conv2d_winograd_f32_form(1, 1, kernels::Conv2dParams::same(1)));
+  std::vector<float> y(Cout * H * W);
+  EXPECT_THROW(kernels::ref::conv2d_winograd(x.data(), 1, Cin, H, W, w.w, nullptr, y.data(), q),
                std::invalid_argument);
 }
 

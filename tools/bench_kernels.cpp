@@ -405,6 +405,9 @@ int main(int argc, char** argv) {
   const Variant conv_variants[] = {
       {Isa::kAvx2, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx2", kFma256},
       {Isa::kAvx512, kernels::Precision::kFp32, DType::kBF16, "conv2d_avx512", kFma512},
+      // The float32 Winograd form (16 of 36 products; flops counted as the direct form's).
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kBF16, "conv2d_winograd_avx2", kFma256},
+      {Isa::kAvx512, kernels::Precision::kFast, DType::kBF16, "conv2d_winograd_avx512", kFma512},
       {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kBF16, "conv2d_bf16_avx512bf16", kBf16},
       {Isa::kAmx, kernels::Precision::kFast, DType::kBF16, "conv2d_bf16_amx", kAmxBf16},
   };
@@ -415,7 +418,7 @@ int main(int argc, char** argv) {
   // (+ the encoder's full-resolution ones at a 512² reference: 128 ch at 512², 256 at 256²; and
   // the decoder's upsampling convs at a 256² image, 512 ch 64² → 128², 256 ch 128² → 256². Their
   // flops are counted as the upsampled 3×3 conv's, so the AVX512_BF16 conv's sub-pixel form —
-  // 4 of the 9 products — can show more than its peak.)
+  // 4 of the 9 products — can show more than its peak, as can every Winograd form.)
   std::vector<ConvShape> conv_shapes = {{512, 32},  {512, 64},  {256, 128},      {128, 256},
                                         {256, 256}, {128, 512}, {512, 64, true}, {256, 128, true}};
   if (quick) conv_shapes = {{512, 32}, {128, 128}, {256, 32, true}};

@@ -12,7 +12,8 @@
 // from the input (never a full im2col matrix) and multiply them with register-blocked
 // micro-kernels (6×16 ymm, 14×32 zmm); for ≤ 6 output channels they convolve directly from
 // padded input row strips. Under Precision::kFast on AVX512_BF16 CPUs the operands are rounded
-// to bf16 (ref::conv2d_bf16).
+// to bf16 (ref::conv2d_bf16); on the others the same-padded 3×3 convs run in the float32
+// Winograd form (ref::conv2d_winograd).
 // Without AVX2 a portable path (im2col in pixel blocks + the scalar linear) runs instead. Which
 // one runs is chosen by the kernel registry (kernels/registry.h, run_conv2d).
 #pragma once
@@ -80,6 +81,12 @@ inline float subpixel_tap(const float* k, int dy, int dx, int ty, int tx) {
 // ref::conv2d_bf16_winograd call, so the roundings agree) and rounded to bf16 once; the 16
 // element-wise products are summed over channels, then Aᵀ M A.
 bool conv2d_winograd_form(int64_t KH, int64_t KW, const Conv2dParams& p);
+// The shapes the float32 Winograd conv takes (the AVX2 conv under Precision::kFast,
+// ref::conv2d_winograd): conv2d_winograd_form's, and also with the ×2 upsampling, whose tiles then
+// cover the upsampled image (16 products per 4 outputs either way, as the sub-pixel form's 4 per
+// output). U and V stay float32: the form's only difference from the direct conv is the order
+// and grouping of the float operations.
+bool conv2d_winograd_f32_form(int64_t KH, int64_t KW, const Conv2dParams& p);
 // v[i·4 + j] = (Bᵀ d B)[i][j] of a row-major 4×4 window d: along each row first, then down the
 // columns, in this order of float operations.
 inline void winograd_input_tile(const float* d, float* v) {
@@ -136,6 +143,11 @@ void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, in
 // conv2d up to those roundings.
 void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
                           const Weight* bias, float* out, const Conv2dParams& p);
+// The float32 Winograd form (conv2d_winograd_f32_form(3, 3, p) must hold): the transformed (and
+// upsampled) input's V = winograd_input_tile and each kernel's U = winograd_weight_tile in float,
+// Σ_ci U ⊙ V and Aᵀ M A in double. Equal to conv2d up to the float rounding of U and V.
+void conv2d_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                     const Weight* bias, float* out, const Conv2dParams& p);
 }  // namespace ref
 
 namespace blocked {

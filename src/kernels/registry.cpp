@@ -5,8 +5,8 @@
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
 // AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX512_VNNI) and the AVX512_BF16 GEMM
-// for every other weight format; the AVX512_BF16 conv2d
-// for every format (beside the exact AVX-512F one) and the AVX512_BF16 attention.
+// for every other weight format; the float32 Winograd conv2d (AVX2, AVX-512F) and the
+// AVX512_BF16 one for every format, and the AVX512_BF16 attention.
 #include "kernels/registry.h"
 
 #include <stdexcept>
@@ -64,11 +64,17 @@ std::vector<KernelEntry> build_table() {
   }
   t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = Isa::kAvx512Bf16,
                .name = "flash_attention_bf16_avx512bf16", .fast = true, .attention = avx512bf16::attention});
-  // The VAE's convs: float32 on zmm (exact), and bf16 pairs under kFast, for every weight format.
+  // The VAE's convs: float32 (exact), the float32 Winograd form under kFast (on AVX2, and on
+  // AVX-512F with its exact conv for the other shapes), and bf16 pairs under kFast, for every
+  // weight format.
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;
+    t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx2, .name = "conv2d_winograd_avx2",
+                 .fast = true, .conv2d = avx2::conv2d_fast});
     t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx512, .name = "conv2d_avx512",
                  .conv2d = avx512::conv2d});
+    t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx512, .name = "conv2d_winograd_avx512",
+                 .fast = true, .conv2d = avx512::conv2d_fast});
     t.push_back({.op = Op::kConv2d, .format = f.id, .isa = Isa::kAvx512Bf16, .name = "conv2d_bf16_avx512bf16",
                  .fast = true, .conv2d = avx512bf16::conv2d});
   }

@@ -25,7 +25,8 @@ std::string_view op_name(Op op);
 
 // Which arithmetic a KernelSet may use. kFp32: float32 arithmetic on the stored weights (the
 // exact path, kept for fidelity work; the default). kFast: also the dot-product kernels that
-// round or quantize the activations (bf16 dot products, int8 W8A8) — entries with `fast` set.
+// round or quantize the activations (bf16 dot products, int8 W8A8) and the float32 Winograd
+// conv — entries with `fast` set.
 enum class Precision : uint8_t { kFp32, kFast };
 std::string_view precision_name(Precision p);        // "fp32", "fast"
 bool precision_from_name(std::string_view s, Precision* out);
@@ -46,7 +47,9 @@ struct KernelEntry {
   DType format;  // the weight format it computes with (kF32 for attention: activations only)
   Isa isa;
   std::string_view name;
-  bool fast = false;  // reduced-precision activations (bf16-rounded, int8): only under Precision::kFast
+  // Only under Precision::kFast: reduced-precision activations (bf16-rounded, int8), or float32 in
+  // another form than the exact kernels' (the Winograd conv).
+  bool fast = false;
   LinearFn linear = nullptr;
   AttentionFn attention = nullptr;
   Conv2dFn conv2d = nullptr;

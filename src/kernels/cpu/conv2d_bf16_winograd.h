@@ -17,6 +17,7 @@
 #include "kernels/cpu/avx512_convert.h"
 #include "kernels/cpu/conv2d_bf16_direct.h"
 #include "kernels/cpu/conv2d_pack.h"
+#include "kernels/cpu/conv2d_winograd_plan.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 
 namespace klein::kernels {
@@ -79,12 +80,6 @@ void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ui
     }
   });
 }
-
-// A block of tiles: tile rows [ty0, ty0 + bh) × tile columns [tx0, tx0 + bw), bw a multiple of
-// 16; its slots are (ty − ty0)·bw + (tx − tx0).
-struct WinoBlock {
-  int64_t ty0, bh, tx0, bw;
-};
 
 // The block's frame rows 2·ty0 − 1 + r (r < 2·bh + 2) of channel c through the prologue, zero
 // outside the image, split by column parity: with b = 2·tx0 − 1, row r's E[k] = column b + 2k
@@ -194,50 +189,11 @@ inline void winograd_output16(const float* m, int64_t ld, float bias, bool accum
   }
 }
 
-// The block shape for NT slots at most: whole tile rows of up to NT tiles (bh > 1 only where a
-// tile row is shorter). Blocks of fewer columns and more rows build fewer prologue values per
-// tile ((2·bh + 2) rows of 2·bw + 16 for bh · bw tiles: 1.56 against 2.12 per input value for
-// 128 channels at 256²), but measured no faster (2 threads, Zen 4): their input rows are read as
-// short runs of many rows.
-inline WinoBlock wino_shape(int64_t NT, int64_t TH, int64_t TWp) {
-  const int64_t bw = std::min(NT, TWp);
-  return {0, std::clamp<int64_t>(NT / bw, 1, TH), 0, bw};
-}
-
-// How a Winograd conv of H × W outputs splits its work: blocks of whole tile rows (wino_shape) of
-// NT slots at most (V = 16 · CP · NT units within kWinoVBytes, whole 32-slot panels), each split
-// into ranges of whole `unit`-row blocks of output channels so that the pool's threads get ~4
-// tasks each.
-struct WinoPlan {
-  WinoBlock shape;
-  int64_t TH, TWp, NT, n_panel, n_bx, n_cc, cc_rows, n_tasks;
-  // Task t: block k (tile rows [k.ty0, k.ty0 + k.bh) × columns [k.tx0, k.tx0 + k.bw)), output
-  // channels [c0, c1) (empty: skip).
-  struct Task {
-    WinoBlock k;
-    int64_t c0, c1;
-  };
-  Task task(int64_t t, int64_t Cout) const {
-    const int64_t bi = t / n_cc, c0 = t % n_cc * cc_rows;
-    WinoBlock k = shape;
-    k.ty0 = bi / n_bx * shape.bh, k.tx0 = bi % n_bx * shape.bw;
-    k.bh = std::min(shape.bh, TH - k.ty0), k.bw = std::min(shape.bw, TWp - k.tx0);
-    return {k, c0, std::min(Cout, c0 + cc_rows)};
-  }
-};
+// How a Winograd conv of H × W outputs splits its work (wino_plan_for, conv2d_winograd_plan.h):
+// blocks of at most kWinoVBytes of V (16 · CP · NT units, NT a multiple of the 32-slot panel).
 inline WinoPlan wino_plan(int64_t Cout, int64_t H, int64_t W, int64_t CP, int64_t unit, int threads) {
-  WinoPlan d;
-  d.TH = (H + 1) / 2;
-  d.TWp = ((W + 1) / 2 + 15) / 16 * 16;
-  d.shape = wino_shape(std::max<int64_t>(32, kWinoVBytes / (64 * CP) / 32 * 32), d.TH, d.TWp);
-  d.NT = (d.shape.bh * d.shape.bw + 31) / 32 * 32;
-  d.n_panel = d.NT / 32;
-  d.n_bx = (d.TWp + d.shape.bw - 1) / d.shape.bw;
-  const int64_t n_blk = (d.TH + d.shape.bh - 1) / d.shape.bh * d.n_bx, n_unit = (Cout + unit - 1) / unit;
-  d.n_cc = std::clamp<int64_t>((4 * static_cast<int64_t>(threads) + n_blk - 1) / n_blk, 1, n_unit);
-  d.cc_rows = (n_unit + d.n_cc - 1) / d.n_cc * unit;
-  d.n_tasks = n_blk * d.n_cc;
-  return d;
+  return wino_plan_for(Cout, (H + 1) / 2, ((W + 1) / 2 + 15) / 16 * 16,
+                       std::max<int64_t>(32, kWinoVBytes / (64 * CP) / 32 * 32), 32, unit, threads);
 }
 
 // Rows per channel of winograd_rows' buffer for blocks of this shape (at most).

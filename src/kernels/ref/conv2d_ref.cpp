@@ -22,9 +22,13 @@ bool conv2d_subpixel_form(int64_t KH, int64_t KW, const Conv2dParams& p) {
          p.pad_left == 1 && p.pad_right == 1;
 }
 
+bool conv2d_winograd_f32_form(int64_t KH, int64_t KW, const Conv2dParams& p) {
+  return KH == 3 && KW == 3 && p.stride == 1 && p.pad_top == 1 && p.pad_bottom == 1 && p.pad_left == 1 &&
+         p.pad_right == 1;
+}
+
 bool conv2d_winograd_form(int64_t KH, int64_t KW, const Conv2dParams& p) {
-  return !p.upsample2x && KH == 3 && KW == 3 && p.stride == 1 && p.pad_top == 1 && p.pad_bottom == 1 &&
-         p.pad_left == 1 && p.pad_right == 1;
+  return !p.upsample2x && conv2d_winograd_f32_form(KH, KW, p);
 }
 
 namespace ref {
@@ -137,29 +141,36 @@ void conv2d_bf16_subpixel(const float* in, int64_t N, int64_t Cin, int64_t H, in
   }
 }
 
-void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
-                          const Weight* bias, float* out, const Conv2dParams& p) {
-  if (w.shape.size() != 4 || w.shape[1] != Cin || !conv2d_winograd_form(w.shape[2], w.shape[3], p))
-    throw std::invalid_argument("ref::conv2d_bf16_winograd: weight " + w.name +
+namespace {
+
+// Both Winograd references: `bf16` rounds U and V to bf16 (the bf16 convs' form, no upsampling);
+// without it U and V stay float (the float32 Winograd conv's form, which also takes the ×2
+// upsampling: the tiles then cover the upsampled image).
+void winograd_impl(const char* what, const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                   const Weight* bias, float* out, const Conv2dParams& p, bool bf16) {
+  const bool form = bf16 ? conv2d_winograd_form(3, 3, p) : conv2d_winograd_f32_form(3, 3, p);
+  if (w.shape.size() != 4 || w.shape[1] != Cin || w.shape[2] != 3 || w.shape[3] != 3 || !form)
+    throw std::invalid_argument(std::string(what) + ": weight " + w.name +
                                 " is not a 3x3 stride-1 conv with padding 1 over " + std::to_string(Cin) +
-                                " channels");
-  const int64_t Cout = w.shape[0], TH = (H + 1) / 2, TW = (W + 1) / 2;
+                                " channels" + (bf16 ? " without upsampling" : ""));
+  const int u = p.upsample2x ? 2 : 1;
+  const int64_t Cout = w.shape[0], OH = H * u, OW = W * u, TH = (OH + 1) / 2, TW = (OW + 1) / 2;
   // Padded so that every tile's 4×4 window exists: rows −1 .. 2·TH, columns likewise.
   const int64_t HP = 2 * TH + 2, WP = 2 * TW + 2;
-  auto round = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+  auto round = [bf16](float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; };
   const Tensor wf = weight_to_tensor(w);  // [Cout, Cin, 3, 3]
-  std::vector<float> u(Cout * Cin * 16);  // [Cout][Cin][16]
+  std::vector<float> uw(Cout * Cin * 16);  // [Cout][Cin][16]
   for (int64_t k = 0; k < Cout * Cin; ++k) {
-    winograd_weight_tile(wf.data() + k * 9, u.data() + k * 16);
-    for (int x = 0; x < 16; ++x) u[k * 16 + x] = round(u[k * 16 + x]);
+    winograd_weight_tile(wf.data() + k * 9, uw.data() + k * 16);
+    for (int x = 0; x < 16; ++x) uw[k * 16 + x] = round(uw[k * 16 + x]);
   }
   std::vector<float> b(Cout, 0.0f);
   if (bias && !bias->empty()) weight_to_f32(*bias, 0, Cout, b.data());
 
   std::vector<float> xp(Cin * HP * WP), v(Cin * 16);  // v: one tile's [Cin][16]
   for (int64_t n = 0; n < N; ++n) {
-    padded_input(in + n * Cin * H * W, Cin, H, W, 1, 1, 1, HP, WP, p, false, xp);
-    float* o = out + n * Cout * H * W;
+    padded_input(in + n * Cin * H * W, Cin, H, W, u, 1, 1, HP, WP, p, false, xp);
+    float* o = out + n * Cout * OH * OW;
     for (int64_t ty = 0; ty < TH; ++ty)
       for (int64_t tx = 0; tx < TW; ++tx) {
         for (int64_t ci = 0; ci < Cin; ++ci) {
@@ -173,7 +184,7 @@ void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, in
           double m[16] = {};
           for (int64_t ci = 0; ci < Cin; ++ci)
             for (int x = 0; x < 16; ++x)
-              m[x] += static_cast<double>(u[(co * Cin + ci) * 16 + x]) * v[ci * 16 + x];
+              m[x] += static_cast<double>(uw[(co * Cin + ci) * 16 + x]) * v[ci * 16 + x];
           double s[8];  // [4][2]: M A
           for (int i = 0; i < 4; ++i) {
             s[2 * i] = m[4 * i] + m[4 * i + 1] + m[4 * i + 2];
@@ -183,8 +194,8 @@ void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, in
             const double y[2] = {s[k] + s[2 + k] + s[4 + k], s[2 + k] - s[4 + k] - s[6 + k]};
             for (int dy = 0; dy < 2; ++dy) {
               const int64_t oy = 2 * ty + dy, ox = 2 * tx + k;
-              if (oy >= H || ox >= W) continue;
-              float& dst = o[(co * H + oy) * W + ox];
+              if (oy >= OH || ox >= OW) continue;
+              float& dst = o[(co * OH + oy) * OW + ox];
               const double acc = b[co] + y[dy];
               dst = p.accumulate ? static_cast<float>(dst + acc) : static_cast<float>(acc);
             }
@@ -192,6 +203,18 @@ void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, in
         }
       }
   }
+}
+
+}  // namespace
+
+void conv2d_bf16_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                          const Weight* bias, float* out, const Conv2dParams& p) {
+  winograd_impl("ref::conv2d_bf16_winograd", in, N, Cin, H, W, w, bias, out, p, true);
+}
+
+void conv2d_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,
+                     const Weight* bias, float* out, const Conv2dParams& p) {
+  winograd_impl("ref::conv2d_winograd", in, N, Cin, H, W, w, bias, out, p, false);
 }
 
 }  // namespace ref
