@@ -133,11 +133,14 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, gemm);
     // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16 and its bf16 dot
-    // products out-run float32 FMA, or has AMX (whose tiles do).
+    // products out-run float32 FMA, or has AMX (whose tiles do); elsewhere it is the float32
+    // Winograd form of the float32 GEMM's ISA.
     const KernelSet fast = KernelSet::select(CpuFeatures::host(), Isa::kCount, kernels::Precision::kFast);
-    EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).fast,
-              (CpuFeatures::host().has(Isa::kAvx512Bf16) && !CpuFeatures::host().bf16_dot_slow) ||
-                  CpuFeatures::host().has(Isa::kAmx));
+    const bool bf16_conv = (CpuFeatures::host().has(Isa::kAvx512Bf16) && !CpuFeatures::host().bf16_dot_slow) ||
+                           CpuFeatures::host().has(Isa::kAmx);
+    EXPECT_TRUE(fast.get(Op::kConv2d, DType::kBF16).fast);
+    if (!bf16_conv) EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).isa, gemm);
+    EXPECT_EQ(fast.get(Op::kConv2d, DType::kBF16).isa >= Isa::kAvx512Bf16, bf16_conv);
     EXPECT_EQ(best.get(Op::kElementwise, DType::kF32).isa, gemm);  // AVX-512 where the CPU has it
     EXPECT_EQ(&best.eltwise(), best.get(Op::kElementwise, DType::kF32).eltwise);
     // An ISA with no kernels of its own falls back to the next lower one that has them.
@@ -197,15 +200,19 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
             "gemm_int8_avx2");
   EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kLinear, DType::kBF16).name,
             "gemm_avx2");
+  EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kConv2d, DType::kBF16).name,
+            "conv2d_winograd_avx2");
+  EXPECT_EQ(KernelSet::select(avx2, Isa::kCount).get(Op::kConv2d, DType::kBF16).name, "conv2d_avx2");
   // Where bf16 dot products are slower than float32 FMA (Intel), the automatic choice computes
-  // float formats, attention and convs in float32 and keeps the int8 kernels; naming the ISA
+  // float formats, attention and convs in float32 (the convs in the float32 Winograd form) and
+  // keeps the int8 kernels; naming the ISA
   // still gets the bf16 kernels.
   CpuFeatures intel = all;
   intel.bf16_dot_slow = true;
   const KernelSet f_intel = KernelSet::select(intel, Isa::kCount, kernels::Precision::kFast);
   EXPECT_EQ(f_intel.get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
   EXPECT_EQ(f_intel.get(Op::kLinear, DType::kF32).name, "gemm_avx512");
-  EXPECT_EQ(f_intel.get(Op::kConv2d, DType::kBF16).name, "conv2d_avx512");
+  EXPECT_EQ(f_intel.get(Op::kConv2d, DType::kBF16).name, "conv2d_winograd_avx512");
   EXPECT_EQ(f_intel.get(Op::kAttention, DType::kF32).name, "flash_attention_avx2");
   EXPECT_EQ(f_intel.get(Op::kLinear, DType::kQ8Row).name, "gemm_int8_avx512vnni");
   EXPECT_EQ(f_intel.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");

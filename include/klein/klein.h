@@ -67,7 +67,8 @@ enum class Precision {
   kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
           // (activations rounded to bf16) with AVX512_BF16 where they out-run float32 FMA (not
           // on Intel cores, unless isa = "avx512_bf16"), int8 W8A8 for Q8_ROW weights and W4A8
-          // for Q4_G64 (AVX512_VNNI or AVX2; activations quantized per token); float32 otherwise.
+          // for Q4_G64 (AVX512_VNNI or AVX2; activations quantized per token); float32 otherwise,
+          // the VAE's same-padded 3×3 convs then in Winograd form F(2×2, 3×3) (AVX2 / AVX-512F).
           // On CUDA: bf16 GEMMs with float32 accumulation (weights uploaded as
           // bf16, quantized ones dequantised to bf16 at upload)
 };

@@ -35,7 +35,8 @@ Command make_decode_command() {
     s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx (default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are slower than float32)");
     s->add_option("--precision", o->precision,
                   "fp32: exact float32 arithmetic (default); fast: the dot-product kernels (bf16 convolutions and "
-                  "attention where the CPU has AVX512_BF16 and they beat float32: not on Intel)")
+                  "attention where the CPU has AVX512_BF16 and they beat float32: not on Intel), else the "
+                  "3x3 convolutions in float32 Winograd form")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode in seamless tiles of N image pixels (a multiple of 8; same image, less memory). "

@@ -77,7 +77,8 @@ Command make_generate_command() {
     s->add_option("--precision", o->precision,
                   "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
                   "kernels (bf16 GEMMs, convolutions and attention where the CPU has AVX512_BF16 and they beat float32 (not Intel); int8 W8A8 for "
-                  "Q8_ROW weights, W4A8 for Q4_G64), on CUDA bf16 GEMMs")
+                  "Q8_ROW weights, W4A8 for Q4_G64; without bf16 convolutions the VAE's 3x3 ones in float32 Winograd "
+                  "form), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
