@@ -131,21 +131,23 @@ inline __m256 conv_exp8(__m256 x) {
   return _mm256_andnot_ps(underflow, res);
 }
 
-// The prologue on n in-bounds values of channel c, in place (8 lanes at a time, scalar tail).
-inline void transform_run(const ConvGeom& g, int64_t c, float* d, int64_t n) {
+// The prologue on n in-bounds values of channel c, from s into d (8 lanes at a time, scalar
+// tail); s == d transforms in place.
+inline void transform_copy(const ConvGeom& g, int64_t c, const float* s, float* d, int64_t n) {
   const __m256 a = _mm256_set1_ps(g.scale ? g.scale[c] : 1.0f);
   const __m256 b = _mm256_set1_ps(g.shift ? g.shift[c] : 0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(d + i), a, b);
+    __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(s + i), a, b);
     if (g.silu) {
       const __m256 e = conv_exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
       v = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
     }
     _mm256_storeu_ps(d + i, v);
   }
-  for (; i < n; ++i) d[i] = transform1(g, c, d[i]);
+  for (; i < n; ++i) d[i] = transform1(g, c, s[i]);
 }
+inline void transform_run(const ConvGeom& g, int64_t c, float* d, int64_t n) { transform_copy(g, c, d, d, n); }
 
 // Source value of the (transformed, upsampled, padded) input at channel c, row iy, column ix of
 // the conv's input frame; 0 outside.
