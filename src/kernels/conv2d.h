@@ -87,12 +87,17 @@ bool conv2d_winograd_form(int64_t KH, int64_t KW, const Conv2dParams& p);
 // output). U and V stay float32: the form's only difference from the direct conv is the order
 // and grouping of the float operations.
 bool conv2d_winograd_f32_form(int64_t KH, int64_t KW, const Conv2dParams& p);
+// The three transforms, on any arithmetic type T with +, − and × by a float: float and double
+// (the references), or a GCC vector of floats (__m256, __m512: the kernels run them on 8 or 16
+// tiles or kernels at once, lane l ↔ tile or kernel l) — the same operations in the same order
+// whatever T, so a kernel's U and V have the reference's bits.
 // v[i·4 + j] = (Bᵀ d B)[i][j] of a row-major 4×4 window d: along each row first, then down the
 // columns, in this order of float operations.
-inline void winograd_input_tile(const float* d, float* v) {
-  float e[16];
+template <class T>
+inline void winograd_input_tile(const T* d, T* v) {
+  T e[16];
   for (int r = 0; r < 4; ++r) {
-    const float* x = d + 4 * r;
+    const T* x = d + 4 * r;
     e[4 * r + 0] = x[0] - x[2];
     e[4 * r + 1] = x[1] + x[2];
     e[4 * r + 2] = x[2] - x[1];
@@ -106,8 +111,9 @@ inline void winograd_input_tile(const float* d, float* v) {
   }
 }
 // u[i·4 + j] = (G g Gᵀ)[i][j] of a row-major 3×3 kernel g, down the columns first, then along the rows.
-inline void winograd_weight_tile(const float* g, float* u) {
-  float h[12];  // [4][3]
+template <class T>
+inline void winograd_weight_tile(const T* g, T* u) {
+  T h[12];  // [4][3]
   for (int c = 0; c < 3; ++c) {
     h[0 + c] = g[c];
     h[3 + c] = (g[c] + g[3 + c] + g[6 + c]) * 0.5f;
@@ -115,11 +121,24 @@ inline void winograd_weight_tile(const float* g, float* u) {
     h[9 + c] = g[6 + c];
   }
   for (int i = 0; i < 4; ++i) {
-    const float* x = h + 3 * i;
+    const T* x = h + 3 * i;
     u[4 * i + 0] = x[0];
     u[4 * i + 1] = (x[0] + x[1] + x[2]) * 0.5f;
     u[4 * i + 2] = (x[0] - x[1] + x[2]) * 0.5f;
     u[4 * i + 3] = x[2];
+  }
+}
+// y[dy·2 + dx] = (Aᵀ M A)[dy][dx] of a tile's 16 sums m[ξ]: M A first, then Aᵀ.
+template <class T>
+inline void winograd_output_tile(const T* m, T* y) {
+  T s[8];  // [4][2]: M A
+  for (int i = 0; i < 4; ++i) {
+    s[2 * i] = m[4 * i] + m[4 * i + 1] + m[4 * i + 2];
+    s[2 * i + 1] = m[4 * i + 1] - m[4 * i + 2] - m[4 * i + 3];
+  }
+  for (int k = 0; k < 2; ++k) {
+    y[k] = s[k] + s[2 + k] + s[4 + k];
+    y[2 + k] = s[2 + k] - s[4 + k] - s[6 + k];
   }
 }
 

@@ -25,9 +25,13 @@ uint64_t scratch_bytes_per_thread(const ScratchShape& s) {
     const uint64_t dp = (static_cast<uint64_t>(s.attn_head_dim) + 15) / 16 * 16;
     floats += 2 * kBQ * dp + kBK * kBQ + kBK * dp + 3 * kBQ + kBK;
   }
-  if (s.conv_cin > 0)
-    floats += static_cast<uint64_t>(s.conv_cin) * (kStripRows + 2) * (static_cast<uint64_t>(s.conv_width) + 34) +
-              kNB * kKC + static_cast<uint64_t>(s.conv_cin) * 9 * kNB;
+  if (s.conv_cin > 0) {
+    const uint64_t c = static_cast<uint64_t>(s.conv_cin);
+    floats += c * (kStripRows + 2) * (static_cast<uint64_t>(s.conv_width) + 34) + kNB * kKC + c * 9 * kNB;
+    // The float32 Winograd conv's transformed weights U [Cout][16·Cin + 16] (Cout ≤ the widest
+    // Cin in the VAE), kept by the calling thread; counted for every thread, as an upper bound.
+    floats += c * (16 * c + 16);
+  }
   return floats * sizeof(float);
 }
 

@@ -32,26 +32,6 @@ constexpr int64_t kWinoMinCin = 16;
 // every CP ≥ 64: a sliver's 14 rows would share L1 sets, as subpixel_lda's).
 constexpr int64_t winograd_lda(int64_t CP) { return 16 * CP + 16; }
 
-// winograd_weight_tile of 16 kernels at once: g[k] holds tap k of each, u[ξ] gets U_ξ; the same
-// float operations in the same order, so the same bits.
-inline void winograd_weight16(const __m512* g, __m512* u) {
-  const __m512 half = _mm512_set1_ps(0.5f);
-  __m512 h[12];
-  for (int c = 0; c < 3; ++c) {
-    h[0 + c] = g[c];
-    h[3 + c] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(g[c], g[3 + c]), g[6 + c]), half);
-    h[6 + c] = _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(g[c], g[3 + c]), g[6 + c]), half);
-    h[9 + c] = g[6 + c];
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512* x = h + 3 * i;
-    u[4 * i + 0] = x[0];
-    u[4 * i + 1] = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(x[0], x[1]), x[2]), half);
-    u[4 * i + 2] = _mm512_mul_ps(_mm512_add_ps(_mm512_sub_ps(x[0], x[1]), x[2]), half);
-    u[4 * i + 3] = x[2];
-  }
-}
-
 // U as pair units [Cout][winograd_lda(CP)]: U_ξ's CP pairs at ξ·CP (winograd_weight_tile of
 // the float weight, rounded to bf16 as f32_to_bf16). Per output channel: the taps by tap
 // ft[9][Cin], 16 kernels transformed per step into uf[ξ][Cin], one row conversion per ξ (the
@@ -68,7 +48,7 @@ void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, int64_t CP, ui
       for (int64_t c0 = 0; c0 < Cin16; c0 += 16) {
         __m512 g[9], u[16];
         for (int k = 0; k < 9; ++k) g[k] = _mm512_loadu_ps(ft.data() + k * Cin16 + c0);
-        winograd_weight16(g, u);
+        winograd_weight_tile(g, u);  // 16 kernels at once
         for (int x = 0; x < 16; ++x) _mm512_storeu_ps(uf.data() + x * Cin16 + c0, u[x]);
       }
       uint16_t* d = out + co * U * 2;
@@ -125,25 +105,16 @@ void winograd_rows(const ConvGeom& g, int64_t c, const WinoBlock& k, float* rb) 
 }
 
 // v[ξ] for the 16 tiles of a group whose windows start at row r0 and column pair k0 of rb (as
-// winograd_rows builds it): winograd_input_tile's operations on vectors, lane l ↔ tile l.
+// winograd_rows builds it): a tile's window row is E[k], O[k], E[k + 1], O[k + 1] (lane l ↔ tile l).
 inline void winograd_input16(const float* rb, int64_t LE, int64_t r0, int64_t k0, __m512* v) {
-  __m512 e[16];
+  __m512 d[16];
   for (int r = 0; r < 4; ++r) {
     const float* E = rb + (r0 + r) * 2 * LE + k0;
     const float* O = E + LE;
-    const __m512 d0 = _mm512_loadu_ps(E), d1 = _mm512_loadu_ps(O);
-    const __m512 d2 = _mm512_loadu_ps(E + 1), d3 = _mm512_loadu_ps(O + 1);
-    e[4 * r + 0] = _mm512_sub_ps(d0, d2);
-    e[4 * r + 1] = _mm512_add_ps(d1, d2);
-    e[4 * r + 2] = _mm512_sub_ps(d2, d1);
-    e[4 * r + 3] = _mm512_sub_ps(d1, d3);
+    d[4 * r + 0] = _mm512_loadu_ps(E), d[4 * r + 1] = _mm512_loadu_ps(O);
+    d[4 * r + 2] = _mm512_loadu_ps(E + 1), d[4 * r + 3] = _mm512_loadu_ps(O + 1);
   }
-  for (int j = 0; j < 4; ++j) {
-    v[0 + j] = _mm512_sub_ps(e[0 + j], e[8 + j]);
-    v[4 + j] = _mm512_add_ps(e[4 + j], e[8 + j]);
-    v[8 + j] = _mm512_sub_ps(e[8 + j], e[4 + j]);
-    v[12 + j] = _mm512_sub_ps(e[4 + j], e[12 + j]);
-  }
+  winograd_input_tile(d, v);
 }
 
 // Two rows of 16 floats → 16 bf16 pairs as f32x16x2_to_bf16_pairs, but by vcvtne2ps2bf16 (two
@@ -161,22 +132,17 @@ inline __m512i bf16_pairs_ftz(__m512 lo, __m512 hi) {
 // 2·ty, 2·ty + 1 of channel plane o, columns 2·tx0 .. (32 of them, clipped to OW / OH).
 inline void winograd_output16(const float* m, int64_t ld, float bias, bool accumulate, float* o, int64_t OH,
                               int64_t OW, int64_t ty, int64_t tx0) {
-  __m512 s[8];
-  for (int i = 0; i < 4; ++i) {
-    const __m512 m0 = _mm512_loadu_ps(m + (4 * i) * ld), m1 = _mm512_loadu_ps(m + (4 * i + 1) * ld);
-    const __m512 m2 = _mm512_loadu_ps(m + (4 * i + 2) * ld), m3 = _mm512_loadu_ps(m + (4 * i + 3) * ld);
-    s[2 * i] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
-    s[2 * i + 1] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
-  }
+  __m512 mv[16], y[4];
+  for (int x = 0; x < 16; ++x) mv[x] = _mm512_loadu_ps(m + x * ld);
+  winograd_output_tile(mv, y);
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
   const __m512 b = _mm512_set1_ps(bias);
   const int64_t cols = std::min<int64_t>(32, OW - 2 * tx0);
   const __mmask16 k0 = col_mask(static_cast<int>(cols)), k1 = col_mask(static_cast<int>(std::max<int64_t>(0, cols - 16)));
   for (int dy = 0; dy < 2 && 2 * ty + dy < OH; ++dy) {
-    // y[dy][k] for k = 0, 1: output columns 2·(tx0 + l) + k.
-    const __m512 y0 = dy == 0 ? _mm512_add_ps(_mm512_add_ps(s[0], s[2]), s[4]) : _mm512_sub_ps(_mm512_sub_ps(s[2], s[4]), s[6]);
-    const __m512 y1 = dy == 0 ? _mm512_add_ps(_mm512_add_ps(s[1], s[3]), s[5]) : _mm512_sub_ps(_mm512_sub_ps(s[3], s[5]), s[7]);
+    // y[dy·2 + k] for k = 0, 1: output columns 2·(tx0 + l) + k.
+    const __m512 y0 = y[2 * dy], y1 = y[2 * dy + 1];
     float* row = o + (2 * ty + dy) * OW + 2 * tx0;
     __m512 r0 = _mm512_add_ps(_mm512_permutex2var_ps(y0, lo, y1), b);
     __m512 r1 = _mm512_add_ps(_mm512_permutex2var_ps(y0, hi, y1), b);

@@ -38,26 +38,6 @@ constexpr int64_t kVBytes = int64_t{256} << 10;
 // for every Cin ≥ 64: a sliver's 6 rows would share L1 sets).
 constexpr int64_t u_lda(int64_t Cin) { return 16 * Cin + 16; }
 
-// winograd_weight_tile of 8 kernels at once: g[k] holds tap k of each, u[ξ] gets U_ξ; the same
-// float operations in the same order, so the same bits.
-inline void weight8(const __m256* g, __m256* u) {
-  const __m256 half = _mm256_set1_ps(0.5f);
-  __m256 h[12];
-  for (int c = 0; c < 3; ++c) {
-    h[0 + c] = g[c];
-    h[3 + c] = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(g[c], g[3 + c]), g[6 + c]), half);
-    h[6 + c] = _mm256_mul_ps(_mm256_add_ps(_mm256_sub_ps(g[c], g[3 + c]), g[6 + c]), half);
-    h[9 + c] = g[6 + c];
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m256* x = h + 3 * i;
-    u[4 * i + 0] = x[0];
-    u[4 * i + 1] = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), x[2]), half);
-    u[4 * i + 2] = _mm256_mul_ps(_mm256_add_ps(_mm256_sub_ps(x[0], x[1]), x[2]), half);
-    u[4 * i + 3] = x[2];
-  }
-}
-
 // U [Cout][u_lda(Cin)]: U_ξ's Cin values at ξ·Cin. Per output channel: the row in float, its
 // taps by tap ft[9][Cin8], 8 kernels transformed per step.
 void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, float* U, ThreadPool& pool) {
@@ -71,7 +51,7 @@ void winograd_weights(const Weight& w, int64_t Cout, int64_t Cin, float* U, Thre
       for (int64_t c0 = 0; c0 < Cin8; c0 += 8) {
         __m256 g[9], u[16];
         for (int k = 0; k < 9; ++k) g[k] = _mm256_loadu_ps(ft.data() + k * Cin8 + c0);
-        weight8(g, u);
+        winograd_weight_tile(g, u);  // 8 kernels at once
         for (int x = 0; x < 16; ++x) _mm256_storeu_ps(uf.data() + x * Cin8 + c0, u[x]);
       }
       float* d = U + co * L;
@@ -128,26 +108,17 @@ void winograd_rows(const ConvGeom& g, int64_t c, const WinoBlock& k, float* rb, 
   }
 }
 
-// v[ξ] of the 8 tiles whose windows start at row r0 and column pair j0 of rb:
-// winograd_input_tile's operations on vectors, lane l ↔ tile l.
+// v[ξ] of the 8 tiles whose windows start at row r0 and column pair j0 of rb: a tile's window
+// row is E[j], O[j], E[j + 1], O[j + 1] (lane l ↔ tile l).
 inline void winograd_input8(const float* rb, int64_t LE, int64_t r0, int64_t j0, __m256* v) {
-  __m256 e[16];
+  __m256 d[16];
   for (int r = 0; r < 4; ++r) {
     const float* E = rb + (r0 + r) * 2 * LE + j0;
     const float* O = E + LE;
-    const __m256 d0 = _mm256_loadu_ps(E), d1 = _mm256_loadu_ps(O);
-    const __m256 d2 = _mm256_loadu_ps(E + 1), d3 = _mm256_loadu_ps(O + 1);
-    e[4 * r + 0] = _mm256_sub_ps(d0, d2);
-    e[4 * r + 1] = _mm256_add_ps(d1, d2);
-    e[4 * r + 2] = _mm256_sub_ps(d2, d1);
-    e[4 * r + 3] = _mm256_sub_ps(d1, d3);
+    d[4 * r + 0] = _mm256_loadu_ps(E), d[4 * r + 1] = _mm256_loadu_ps(O);
+    d[4 * r + 2] = _mm256_loadu_ps(E + 1), d[4 * r + 3] = _mm256_loadu_ps(O + 1);
   }
-  for (int j = 0; j < 4; ++j) {
-    v[0 + j] = _mm256_sub_ps(e[0 + j], e[8 + j]);
-    v[4 + j] = _mm256_add_ps(e[4 + j], e[8 + j]);
-    v[8 + j] = _mm256_sub_ps(e[8 + j], e[4 + j]);
-    v[12 + j] = _mm256_sub_ps(e[4 + j], e[12 + j]);
-  }
+  winograd_input_tile(d, v);
 }
 
 // V[ξ][panel][ci][16] (n_panel panels of 16 slots) of block k, channel by channel.
@@ -168,23 +139,18 @@ void winograd_build_v(const ConvGeom& g, const WinoBlock& k, int64_t n_panel, fl
 // of channel plane o, columns 2·tx0 .. (16 of them, clipped to OW / OH).
 inline void winograd_output8(const float* m, int64_t ld, float bias, bool accumulate, float* o, int64_t OH,
                              int64_t OW, int64_t ty, int64_t tx0) {
-  __m256 s[8];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 m0 = _mm256_loadu_ps(m + (4 * i) * ld), m1 = _mm256_loadu_ps(m + (4 * i + 1) * ld);
-    const __m256 m2 = _mm256_loadu_ps(m + (4 * i + 2) * ld), m3 = _mm256_loadu_ps(m + (4 * i + 3) * ld);
-    s[2 * i] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
-    s[2 * i + 1] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
-  }
+  __m256 mv[16], y[4];
+  for (int x = 0; x < 16; ++x) mv[x] = _mm256_loadu_ps(m + x * ld);
+  winograd_output_tile(mv, y);
   const __m256 b = _mm256_set1_ps(bias);
   const int64_t cols = std::min<int64_t>(16, OW - 2 * tx0);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)), lane);
   const __m256i k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - 8)), lane);
   for (int dy = 0; dy < 2 && 2 * ty + dy < OH; ++dy) {
-    // y[dy][k] for k = 0, 1: output columns 2·(tx0 + l) + k.
-    const __m256 y0 = dy == 0 ? _mm256_add_ps(_mm256_add_ps(s[0], s[2]), s[4]) : _mm256_sub_ps(_mm256_sub_ps(s[2], s[4]), s[6]);
-    const __m256 y1 = dy == 0 ? _mm256_add_ps(_mm256_add_ps(s[1], s[3]), s[5]) : _mm256_sub_ps(_mm256_sub_ps(s[3], s[5]), s[7]);
-    const __m256 lo = _mm256_unpacklo_ps(y0, y1), hi = _mm256_unpackhi_ps(y0, y1);  // pairs 0,1,4,5 / 2,3,6,7
+    // y[dy·2 + k] for k = 0, 1: output columns 2·(tx0 + l) + k, interleaved.
+    const __m256 lo = _mm256_unpacklo_ps(y[2 * dy], y[2 * dy + 1]);  // lanes 0, 1, 4, 5 as pairs
+    const __m256 hi = _mm256_unpackhi_ps(y[2 * dy], y[2 * dy + 1]);  // lanes 2, 3, 6, 7
     __m256 r0 = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), b);
     __m256 r1 = _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x31), b);
     float* row = o + (2 * ty + dy) * OW + 2 * tx0;

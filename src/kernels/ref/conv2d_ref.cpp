@@ -185,21 +185,16 @@ void winograd_impl(const char* what, const float* in, int64_t N, int64_t Cin, in
           for (int64_t ci = 0; ci < Cin; ++ci)
             for (int x = 0; x < 16; ++x)
               m[x] += static_cast<double>(uw[(co * Cin + ci) * 16 + x]) * v[ci * 16 + x];
-          double s[8];  // [4][2]: M A
-          for (int i = 0; i < 4; ++i) {
-            s[2 * i] = m[4 * i] + m[4 * i + 1] + m[4 * i + 2];
-            s[2 * i + 1] = m[4 * i + 1] - m[4 * i + 2] - m[4 * i + 3];
-          }
-          for (int k = 0; k < 2; ++k) {
-            const double y[2] = {s[k] + s[2 + k] + s[4 + k], s[2 + k] - s[4 + k] - s[6 + k]};
-            for (int dy = 0; dy < 2; ++dy) {
+          double y[4];
+          winograd_output_tile(m, y);
+          for (int dy = 0; dy < 2; ++dy)
+            for (int k = 0; k < 2; ++k) {
               const int64_t oy = 2 * ty + dy, ox = 2 * tx + k;
               if (oy >= OH || ox >= OW) continue;
               float& dst = o[(co * OH + oy) * OW + ox];
-              const double acc = b[co] + y[dy];
+              const double acc = b[co] + y[2 * dy + k];
               dst = p.accumulate ? static_cast<float>(dst + acc) : static_cast<float>(acc);
             }
-          }
         }
       }
   }
