@@ -203,45 +203,37 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
   const ConvGeom g0 = conv_geom(Cin, H, W, 3, 3, H, W, p);
   const WinoPlan d = wino_plan(Cout, H, W, CP, 32, pool.size());
   const int64_t NT = d.NT, n_panel = d.n_panel;
-  for (int64_t n = 0; n < N; ++n) {
-    ConvGeom g = g0;
-    g.x = in + n * Cin * H * W;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      amx_configure_tiles();
-      static thread_local UnitScratch v_buf, m_buf, row_buf;
-      uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
-      float* M = m_buf.get<float>(16 * 32 * 32);  // [ξ][32 co][32 slots]
-      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(d.shape)));
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const auto [k, c0, c1] = d.task(t, Cout);
-        if (c0 >= c1) continue;
+  run_wino_tasks(
+      d, g0, in, Cin * H * W, out, Cout * P, N, Cout, pool,
+      [&] {
+        amx_configure_tiles();
+        return wino_bufs(d, CP, 16 * 32 * 32);  // M: [ξ][32 co][32 slots]
+      },
+      [&](const ConvGeom& g, float* o, const WinoPlan::Task& tk, const WinoBufs& b) {
+        const WinoBlock& k = tk.k;
         const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
-        winograd_build_v(g, k, CP, n_panel, NT, rb, V);
-        for (int64_t co = c0; co < c1; co += 32) {
-          const int nr = static_cast<int>(std::min<int64_t>(32, c1 - co));
+        winograd_build_v(g, k, CP, n_panel, NT, b.rb, b.V);
+        for (int64_t co = tk.c0; co < tk.c1; co += 32) {
+          const int nr = static_cast<int>(std::min<int64_t>(32, tk.c1 - co));
           for (int64_t j = 0; j * 32 < ns; ++j) {
             for (int x = 0; x < 16; ++x) {
               const uint32_t* a = A + co * LDA + x * CP;
-              const uint32_t* b = V + (x * n_panel + j) * CP * 32;
+              const uint32_t* bv = b.V + (x * n_panel + j) * CP * 32;
               amx_acc_zero();
               for (int64_t cp0 = 0; cp0 < CP; cp0 += 16)
-                amx_step<false>(a + cp0, a + 16 * LDA + cp0, LDA * 4, b + cp0 * 32, b + cp0 * 32 + 16, 128);
-              amx_acc_store(M + x * 1024, 128);
+                amx_step<false>(a + cp0, a + 16 * LDA + cp0, LDA * 4, bv + cp0 * 32, bv + cp0 * 32 + 16, 128);
+              amx_acc_store(b.M + x * 1024, 128);
             }
             for (int r = 0; r < nr; ++r)
               for (int64_t so = j * 32; so < std::min(ns, j * 32 + 32); so += 16) {
                 const int64_t ty = k.ty0 + so / k.bw, tx = k.tx0 + so % k.bw;
                 if (2 * tx >= W) continue;  // a dead group
-                winograd_output16(M + r * 32 + so % 32, 1024, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
+                winograd_output16(b.M + r * 32 + so % 32, 1024, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
                                   o + (co + r) * P, H, W, ty, tx);
               }
           }
         }
-      }
-    });
-  }
+      });
 }
 
 // Strided convs (the encoder's downsamplers): the im2col GEMM of conv2d_avx512_common.h — the

@@ -137,40 +137,29 @@ void conv2d_winograd_tiles(const float* in, int64_t N, int64_t Cin, int64_t H, i
   static_assert(kZNR == 32);  // wino_plan's panels
   const WinoPlan d = wino_plan(Cout, H, W, CP, kZMR, pool.size());
   const int64_t NT = d.NT, n_panel = d.n_panel;
-  for (int64_t n = 0; n < N; ++n) {
-    ConvGeom g = g0;
-    g.x = in + n * Cin * H * W;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      static thread_local UnitScratch v_buf, m_buf, row_buf;
-      uint32_t* V = v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * NT));
-      float* M = m_buf.get<float>(static_cast<size_t>(16 * kZMR * NT));
-      float* rb = row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(d.shape)));  // two channels' rows
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const auto [k, c0, c1] = d.task(t, Cout);
-        if (c0 >= c1) continue;
+  run_wino_tasks(
+      d, g0, in, Cin * H * W, out, Cout * P, N, Cout, pool, [&] { return wino_bufs(d, CP, 16 * kZMR * NT); },
+      [&](const ConvGeom& g, float* o, const WinoPlan::Task& tk, const WinoBufs& b) {
+        const WinoBlock& k = tk.k;
         const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
-        winograd_build_v(g, k, CP, n_panel, NT, rb, V);
-        const Slivers sl(c0, c1, kZMR);
+        winograd_build_v(g, k, CP, n_panel, NT, b.rb, b.V);
+        const Slivers sl(tk.c0, tk.c1, kZMR);
         for (int64_t i = 0; i < sl.n; ++i) {
           const int64_t co = sl.begin(i);
           const int rows = sl.rows(i);
           for (int x = 0; x < 16; ++x)
             for (int64_t j = 0; j * kZNR < ns; ++j)
-              zukernel_rows<Bf16Dot>(rows, A + co * LDA + x * CP, LDA, V + (x * n_panel + j) * CP * kZNR, CP,
-                                     M + x * kZMR * NT + j * kZNR, NT, false, nullptr, kZNR);
+              zukernel_rows<Bf16Dot>(rows, A + co * LDA + x * CP, LDA, b.V + (x * n_panel + j) * CP * kZNR, CP,
+                                     b.M + x * kZMR * NT + j * kZNR, NT, false, nullptr, kZNR);
           for (int r = 0; r < rows; ++r)
             for (int64_t so = 0; so < ns; so += 16) {
               const int64_t ty = k.ty0 + so / k.bw, tx = k.tx0 + so % k.bw;
               if (2 * tx >= W) continue;  // a dead group
-              winograd_output16(M + r * NT + so, kZMR * NT, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
+              winograd_output16(b.M + r * NT + so, kZMR * NT, cb.present ? cb.v[co + r] : 0.0f, p.accumulate,
                                 o + (co + r) * P, H, W, ty, tx);
             }
         }
-      }
-    });
-  }
+      });
 }
 
 }  // namespace

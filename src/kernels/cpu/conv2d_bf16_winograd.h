@@ -165,6 +165,18 @@ inline WinoPlan wino_plan(int64_t Cout, int64_t H, int64_t W, int64_t CP, int64_
 // Rows per channel of winograd_rows' buffer for blocks of this shape (at most).
 constexpr int64_t winograd_rows_per_ch(const WinoBlock& shape) { return (2 * shape.bh + 2) * 2 * wino_le(shape.bw); }
 
+// A pool thread's buffers for the tasks of plan d: V (winograd_build_v's 16 · CP · NT units), M
+// (m_floats of products) and two channels' rows; kept across calls.
+struct WinoBufs {
+  uint32_t* V;
+  float *M, *rb;
+};
+inline WinoBufs wino_bufs(const WinoPlan& d, int64_t CP, int64_t m_floats) {
+  static thread_local UnitScratch v_buf, m_buf, row_buf;
+  return {v_buf.get<uint32_t>(static_cast<size_t>(16 * CP * d.NT)), m_buf.get<float>(static_cast<size_t>(m_floats)),
+          row_buf.get<float>(static_cast<size_t>(2 * winograd_rows_per_ch(d.shape)))};
+}
+
 // V[ξ][panel][cp][32] units (n_panel panels of 32 slots, NT = 32 · n_panel) of block k: per
 // channel pair cp < CP, the block's rows through winograd_rows (two channels' into rb, each
 // winograd_rows_per_ch(k) floats), each group of 16 slots' v[ξ] (winograd_input16), rounded to

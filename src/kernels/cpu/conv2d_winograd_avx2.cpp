@@ -194,41 +194,38 @@ void conv2d_winograd(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t
   const WinoPlan d = wino_plan_for(Cout, (OH + 1) / 2, ((OW + 1) / 2 + 15) / 16 * 16, max_slots, kNR, kMR,
                                    pool.size());
   const int64_t NT = d.NT, n_panel = d.n_panel;
-  for (int64_t n = 0; n < N; ++n) {
-    ConvGeom g = g0;
-    g.x = in + n * Cin * H * W;
-    float* o = out + n * Cout * P;
-    std::atomic<int64_t> next{0};
-    pool.run([&](int, int) {
-      static thread_local UnitScratch v_buf, m_buf, row_buf;
-      float* V = v_buf.get<float>(static_cast<size_t>(16 * Cin * NT));
-      float* M = m_buf.get<float>(static_cast<size_t>(16 * kMR * NT));
-      float* rb = row_buf.get<float>(static_cast<size_t>(rows_per_ch(d.shape) + 2 * d.shape.bw + 16));
-      float* seg = rb + rows_per_ch(d.shape);
-      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
-        const auto [k, c0, c1] = d.task(t, Cout);
-        if (c0 >= c1) continue;
+  struct Bufs {
+    float *V, *M, *rb, *seg;
+  };
+  run_wino_tasks(
+      d, g0, in, Cin * H * W, out, Cout * P, N, Cout, pool,
+      [&] {
+        static thread_local UnitScratch v_buf, m_buf, row_buf;
+        float* rb = row_buf.get<float>(static_cast<size_t>(rows_per_ch(d.shape) + 2 * d.shape.bw + 16));
+        return Bufs{v_buf.get<float>(static_cast<size_t>(16 * Cin * NT)),
+                    m_buf.get<float>(static_cast<size_t>(16 * kMR * NT)), rb, rb + rows_per_ch(d.shape)};
+      },
+      [&](const ConvGeom& g, float* o, const WinoPlan::Task& tk, const Bufs& b) {
+        const WinoBlock& k = tk.k;
         const int64_t ns = k.bh * k.bw;  // slots (ty − ty0)·bw + (tx − tx0)
-        winograd_build_v(g, k, n_panel, rb, seg, V);
-        const Slivers sl(c0, c1, kMR);
+        winograd_build_v(g, k, n_panel, b.rb, b.seg, b.V);
+        const Slivers sl(tk.c0, tk.c1, kMR);
         for (int64_t i = 0; i < sl.n; ++i) {
           const int64_t co = sl.begin(i);
           const int rows = sl.rows(i);
           for (int x = 0; x < 16; ++x)
             for (int64_t j = 0; j * kNR < ns; ++j)
-              ukernel_rows(rows, U + co * L + x * Cin, L, V + (x * n_panel + j) * Cin * kNR, kNR, Cin,
-                           M + x * kMR * NT + j * kNR, NT, false, nullptr);
+              ukernel_rows(rows, U + co * L + x * Cin, L, b.V + (x * n_panel + j) * Cin * kNR, kNR, Cin,
+                           b.M + x * kMR * NT + j * kNR, NT, false, nullptr);
           for (int r = 0; r < rows; ++r)
             for (int64_t so = 0; so < ns; so += 8) {
               const int64_t ty = k.ty0 + so / k.bw, tx = k.tx0 + so % k.bw;
               if (2 * tx >= OW) continue;  // a dead group
-              winograd_output8(M + r * NT + so, kMR * NT, cb.v[co + r], p.accumulate, o + (co + r) * P, OH, OW,
+              winograd_output8(b.M + r * NT + so, kMR * NT, cb.v[co + r], p.accumulate, o + (co + r) * P, OH, OW,
                                ty, tx);
             }
         }
-      }
-    });
-  }
+      });
 }
 
 void conv2d_fast(const float* in, int64_t N, int64_t Cin, int64_t H, int64_t W, const Weight& w,

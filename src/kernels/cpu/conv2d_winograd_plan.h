@@ -7,7 +7,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include "core/thread_pool.h"
 
 namespace klein::kernels {
 namespace {
@@ -63,6 +66,28 @@ inline WinoPlan wino_plan_for(int64_t Cout, int64_t TH, int64_t TWp, int64_t max
   d.cc_rows = (n_unit + d.n_cc - 1) / d.n_cc * unit;
   d.n_tasks = n_blk * d.n_cc;
   return d;
+}
+
+// Every task of plan d for each of the N batch items (input items in_item floats apart, output
+// items out_item), on the pool: per pool thread and item, init() once (the thread's scratch, tile
+// configuration), whose result goes to that thread's body(g, o, task, state) calls for the tasks
+// that have output channels — g the conv geometry g0 on the item's input, o its output.
+template <class Geom, class Init, class Body>
+void run_wino_tasks(const WinoPlan& d, const Geom& g0, const float* in, int64_t in_item, float* out, int64_t out_item,
+                    int64_t N, int64_t Cout, ThreadPool& pool, const Init& init, const Body& body) {
+  for (int64_t n = 0; n < N; ++n) {
+    Geom g = g0;
+    g.x = in + n * in_item;
+    float* o = out + n * out_item;
+    std::atomic<int64_t> next{0};
+    pool.run([&](int, int) {
+      auto state = init();
+      for (int64_t t = next.fetch_add(1); t < d.n_tasks; t = next.fetch_add(1)) {
+        const WinoPlan::Task tk = d.task(t, Cout);
+        if (tk.c0 < tk.c1) body(g, o, tk, state);
+      }
+    });
+  }
 }
 
 }  // namespace
