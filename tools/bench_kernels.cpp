@@ -78,9 +78,8 @@ using bench::time_best;
   _Pragma("GCC diagnostic pop")                                  \
   return s
 
-// The operands pass through an empty asm (no instruction) each iteration — and for the vpmaddubsw
-// sequence, which takes no accumulator, before each chain's step — so the compiler can neither
-// hoist nor share a loop-invariant product.
+// The operands pass through an empty asm (no instruction) each iteration, so the compiler can
+// neither hoist nor share a loop-invariant product.
 #define KLEIN_BARRIER() asm volatile("" : "+x"(m), "+x"(c))
 __attribute__((target("avx2,fma"))) __m256 fma256_chains(int64_t iters, __m256 m, __m256 c) {
 #define KLEIN_PEAK_INIT(j) __m256 a##j = _mm256_set1_ps(0.001f * j);
