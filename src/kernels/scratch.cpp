@@ -18,7 +18,9 @@ uint64_t scratch_bytes_per_thread(const ScratchShape& s) {
   // tasks); the bound takes the largest of each, as floats.
   constexpr uint64_t kKC = 256, kNC = 256, kBQ = 192, kBK = 96, kStripRows = 4, kNB = 256;
   const uint64_t k = static_cast<uint64_t>(std::max<int64_t>(s.max_k, 0));
-  uint64_t floats = kKC * kNC + k;                  // packed W slice + one converted row (gemv, bf16)
+  // packed W slice + one converted row (gemv, bf16) + the AVX2 W8A8's widened block of x (48 rows
+  // of 256 int16 pairs, gemm_int8_common.h)
+  uint64_t floats = kKC * kNC + k + 48 * kKC;
   if (s.converts_weights) floats += kNC * k;        // a slab of weight rows expanded to f32
   floats *= 2;                                      // the int8 / AVX-512 families keep their own copies
   if (s.attn_head_dim > 0) {
