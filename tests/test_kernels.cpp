@@ -25,6 +25,7 @@
 #include "core/weight.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
+#include "kernels/scratch.h"
 
 namespace klein {
 namespace {
@@ -352,6 +353,36 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
   check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
+}
+
+TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
+  // Memory budgets count the kernels' thread-local scratch with scratch_bytes_per_thread
+  // (kernels/scratch.h). Whatever a GEMM family grows must stay within it: here the scratch
+  // that threads (a fresh pool's workers, and the caller) add while every linear format runs,
+  // under both precisions, at a K and N that cross the slices and slabs.
+  std::mt19937 rng(31);
+  const int64_t M = 100, N = 300, K = 3008;  // K: 47 groups of 64, 1504 int8 pairs
+  const auto x = random_vec(M * K, rng);
+  std::vector<float> y(M * N);
+  uint64_t most = 0;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8Row, DType::kQ4G64}) {
+    const OwnedWeight W = random_weight(dt, N, K, rng);
+    for (const kernels::KernelSet* ks : {&set, &fast}) {
+      ThreadPool pool(3);
+      const uint64_t before = kernels::scratch_bytes();
+      kernels::run_linear(*ks, x.data(), M, K, W.w, nullptr, y.data(), pool, K, N);
+      const uint64_t grown = kernels::scratch_bytes() - before;
+      kernels::ScratchShape shape;
+      shape.max_k = K;
+      shape.converts_weights = !(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16);
+      EXPECT_LE(grown, static_cast<uint64_t>(pool.size()) * kernels::scratch_bytes_per_thread(shape))
+          << dtype_name(dt) << " " << ks->get(kernels::Op::kLinear, dt).name;
+      most = std::max(most, grown);
+    }
+  }
+  // The SIMD GEMMs' fresh workers did grow scratch, so the check above saw real buffers (the
+  // scalar reference kernels keep none).
+  if (GetParam() != Isa::kScalar) EXPECT_GT(most, 0u);
 }
 
 TEST_P(Kernels, LinearFastWeightsAlignedAndNot) {
