@@ -234,7 +234,7 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
 }
 
-// pack_units<32> (gemm_units.h) with zmm transposes: dst[q·32 + j] = unit q0 + q of row j (zero
+// A 32-column panel (gemm_units.h) by zmm transposes: dst[q·32 + j] = unit q0 + q of row j (zero
 // for j ≥ nr). 16 rows × 16 units at a time: 16 row loads, transpose16x16_epi32 (above), 16
 // stores — a scalar load and store per unit was ~9 % of a DiT step.
 inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {

@@ -18,6 +18,7 @@
 //
 // 6×16 int32 tiles: 12 accumulators + 2 panel vectors + the broadcast row pair + a product = 16
 // ymm registers. Driver: gemm_int8_common.h.
+#include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/gemm_int8_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 
@@ -75,7 +76,7 @@ struct MaddWd {
 
   // dst[q * kNR + j] = the int16 pair (q0 + q) of int8 row j (bytes 2 (q0 + q), +1, widened), for
   // j < nr; zero for the padded columns. Eight rows × eight pairs at a time: the rows' bytes
-  // widened (vpmovsxbw), then an 8 × 8 transpose of 4-byte units.
+  // widened (vpmovsxbw), then an 8 × 8 transpose of 4-byte units (avx2_common.h's).
   static void pack(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
     for (int g = 0; g < kNR; g += 8) {
       for (int64_t q = 0; q < nq; q += 8) {
@@ -97,22 +98,11 @@ struct MaddWd {
           }
           r[i] = _mm256_cvtepi8_epi16(bytes);  // row g + i: pairs q .. q + 7
         }
-        const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-        const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-        const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-        const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-        const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-        const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-        const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-        const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-        // out[i] = pair q + i of rows g .. g + 7
-        const __m256i out[8] = {
-            _mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
-            _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
-            _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
-            _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
-        for (int64_t i = 0; i < n; ++i)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (q + i) * kNR + g), out[i]);
+        // 4-byte units move as floats through the shared transpose (bit moves only).
+        __m256 f[8];
+        for (int i = 0; i < 8; ++i) f[i] = _mm256_castsi256_ps(r[i]);
+        transpose8(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);  // f[i] = pair q + i of rows g .. g + 7
+        for (int64_t i = 0; i < n; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(dst + (q + i) * kNR + g), f[i]);
       }
     }
   }

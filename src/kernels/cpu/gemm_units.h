@@ -1,11 +1,13 @@
 // ISA-neutral parts of the dot-product GEMMs (AVX-512 fp32, AVX-512 BF16, the int8 W8A8
-// kernels): the packing of weight panels and the split of a GEMM over threads.
+// kernels): scratch buffers, weight rows padded to whole units, prefetch and the split of a GEMM
+// over threads.
 //
 // All of those kernels work in 4-byte "units" along K: one float (fp32 FMA), a pair of bf16
-// (vdpbf16ps multiplies pairs), or four int8 (vpdpbusd / vpmaddubsw sum quads). A unit is what a
-// 32-bit lane of a vector holds, so a packed panel is the same transpose for all of them:
-// panel[q][j] = unit q of weight row j — one vector load gives a unit for NR/lanes columns, and
-// the activation side broadcasts one unit of one row.
+// (vdpbf16ps multiplies pairs), four int8 (vpdpbusd sums quads) or a pair of int16 (the AVX2
+// W8A8's vpmaddwd). A unit is what a 32-bit lane of a vector holds, so a packed panel is the same
+// transpose for all of them: panel[q][j] = unit q of weight row j — one vector load gives a unit
+// for NR/lanes columns, and the activation side broadcasts one unit of one row. Each family packs
+// with its own vector transposes (pack_units_z, the AVX2 W8A8's MaddWd::pack).
 //
 // Plain C++ with no intrinsics: included by the SIMD translation units, each compiling it with
 // its own flags, so everything here has internal linkage (anonymous namespace) — an inline
@@ -29,19 +31,6 @@
 namespace klein::kernels {
 namespace {
 
-// dst[q * NR + j] = unit (q0 + q) of source row j, for j < nr; 0 for nr ≤ j < NR (the padded
-// columns then compute zeros that are never stored). src rows are `ld` bytes apart and may be
-// misaligned (mapped safetensors data), hence the memcpy loads.
-template <int NR>
-void pack_units(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
-  for (int j = 0; j < nr; ++j) {
-    const uint8_t* s = src + j * ld + q0 * 4;
-    for (int64_t q = 0; q < nq; ++q) std::memcpy(dst + q * NR + j, s + q * 4, 4);
-  }
-  for (int j = nr; j < NR; ++j)
-    for (int64_t q = 0; q < nq; ++q) dst[q * NR + j] = 0;
-}
-
 // Grow-only 64-byte aligned byte buffer, one per thread and call site (thread_local).
 struct UnitScratch {
   void* p = nullptr;
@@ -63,8 +52,8 @@ struct UnitScratch {
   }
 };
 
-// n rows of K bytes (K apart) as rows of Kp ≥ K bytes, K rounded up to whole 4-byte units: the
-// rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
+// n rows of K bytes (K apart) as rows of Kp ≥ K bytes (K rounded up to the kernel's whole units):
+// the rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
 // whole units). Returns {rows, row stride}.
 // With `spread`, rows whose stride would be a multiple of 2 KB are copied too, to a stride of
 // one more cache line (see int8_direct_block).
