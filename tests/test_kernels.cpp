@@ -356,28 +356,37 @@ TEST_P(Kernels, LinearFastLargeShapes) {
 }
 
 TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
-  // Memory budgets count the kernels' thread-local scratch with scratch_bytes_per_thread
-  // (kernels/scratch.h). Whatever a GEMM family grows must stay within it: here the scratch
-  // that threads (a fresh pool's workers, and the caller) add while every linear format runs,
-  // under both precisions, at a K and N that cross the slices and slabs.
+  // Memory budgets count the kernels' scratch with scratch_bound_bytes (kernels/scratch.h).
+  // Whatever a GEMM family grows must stay within it: here the scratch that threads (a fresh
+  // pool's workers, and the caller) add while every linear format runs, under both precisions,
+  // at a K and N that cross the slices and slabs, and at an M whose copies of x outgrow the
+  // per-thread part of the bound.
   std::mt19937 rng(31);
-  const int64_t M = 100, N = 300, K = 3008;  // K: 47 groups of 64, 1504 int8 pairs
-  const auto x = random_vec(M * K, rng);
-  std::vector<float> y(M * N);
   uint64_t most = 0;
-  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8Row, DType::kQ4G64}) {
-    const OwnedWeight W = random_weight(dt, N, K, rng);
-    for (const kernels::KernelSet* ks : {&set, &fast}) {
-      ThreadPool pool(3);
-      const uint64_t before = kernels::scratch_bytes();
-      kernels::run_linear(*ks, x.data(), M, K, W.w, nullptr, y.data(), pool, K, N);
-      const uint64_t grown = kernels::scratch_bytes() - before;
-      kernels::ScratchShape shape;
-      shape.max_k = K;
-      shape.converts_weights = !(dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16);
-      EXPECT_LE(grown, static_cast<uint64_t>(pool.size()) * kernels::scratch_bytes_per_thread(shape))
-          << dtype_name(dt) << " " << ks->get(kernels::Op::kLinear, dt).name;
-      most = std::max(most, grown);
+  const int64_t K = 3008;  // 47 groups of 64, 1504 int8 pairs
+  for (const auto [M, N] : {std::pair<int64_t, int64_t>{100, 300}, {1000, 40}}) {
+    const auto x = random_vec(M * K, rng);
+    std::vector<float> y(M * N);
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8Row, DType::kQ4G64}) {
+      const OwnedWeight W = random_weight(dt, N, K, rng);
+      for (const kernels::KernelSet* ks : {&set, &fast}) {
+        ThreadPool pool(3);
+        const uint64_t before = kernels::scratch_bytes();
+        kernels::run_linear(*ks, x.data(), M, K, W.w, nullptr, y.data(), pool, K, N);
+        const uint64_t grown = kernels::scratch_bytes() - before;
+        kernels::ScratchShape shape;
+        shape.max_k = K;
+        shape.max_x = M * K;
+        // The float32 GEMMs read f32 / bf16 / f16 weights from storage (widened while packing),
+        // the bf16 ones only bf16, the int8 ones q8 / q4 (memory_needs.cpp assumes bf16 only).
+        const bool fp32 = ks == &set;
+        const bool plain = dt == DType::kBF16 || (fp32 && (dt == DType::kF32 || dt == DType::kF16)) ||
+                           (!fp32 && (dt == DType::kQ8Row || dt == DType::kQ4G64));
+        shape.converts_weights = !plain;
+        EXPECT_LE(grown, kernels::scratch_bound_bytes(shape, pool.size()))
+            << M << "x" << K << " " << dtype_name(dt) << " " << ks->get(kernels::Op::kLinear, dt).name;
+        most = std::max(most, grown);
+      }
     }
   }
   // The SIMD GEMMs' fresh workers did grow scratch, so the check above saw real buffers (the

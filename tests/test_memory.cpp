@@ -146,6 +146,11 @@ TEST(MemoryPlan, ScratchBoundGrowsWithShapes) {
   s.conv_cin = 512;
   s.conv_width = 1024;
   EXPECT_GT(klein::kernels::scratch_bytes_per_thread(s), 512u * 6 * 1024 * 4);
+  // The calling thread's copies of x come on top of the threads' share, once.
+  const uint64_t two = klein::kernels::scratch_bound_bytes(s, 2);
+  EXPECT_EQ(two, 2 * klein::kernels::scratch_bytes_per_thread(s) + klein::kernels::activation_copy_bytes(s));
+  s.max_x = 4608 * 3072;  // the DiT's projections at 1024²
+  EXPECT_GE(klein::kernels::scratch_bound_bytes(s, 2), two + 6 * uint64_t{4608} * 3072);
 }
 
 TEST(MemoryBudget, TooSmallFailsBeforeAnyWork) {

@@ -13,7 +13,6 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kF = sizeof(float);
 
-bool plain(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 template <class M>
 BlockedWeights blocks_of(const M& m, uint64_t all) {
@@ -58,7 +57,8 @@ Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_
                                     const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir) {
   WeightSizes s;
   auto note_format = [&](Weight& w) {
-    if (!w.empty() && !plain(w.dtype)) s.converts = true;
+    // bf16 is the one format every GEMM reads in place (the bf16 GEMMs expand F32 / F16 per slab).
+    if (!w.empty() && w.dtype != DType::kBF16) s.converts = true;
     return Status::Ok();
   };
   {
@@ -142,11 +142,16 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   // Kernel scratch: every thread's grow-only buffers for the widest shapes of the three models.
   kernels::ScratchShape sh;
   sh.max_k = static_cast<int64_t>(std::max({I, Dq, H, D + Fm, Fm, static_cast<uint64_t>(dit.joint_attention_dim)}));
+  // The largest input of one Linear: the DiT's projections over all S tokens, its MLP chunks,
+  // the text encoder's down projection, the VAE mid-block attention over the whole latent.
+  const uint64_t vae_tokens = static_cast<uint64_t>(r.width * r.height) / (f * f);
+  sh.max_x = static_cast<int64_t>(std::max({S * D, R * (D + Fm), L * static_cast<uint64_t>(dit.joint_attention_dim),
+                                            L * std::max({I, Dq, H}), vae_tokens * c_max}));
   sh.converts_weights = w.converts;
   sh.attn_head_dim = static_cast<int64_t>(std::max<uint64_t>(hd, te.head_dim));
   sh.conv_cin = static_cast<int64_t>(c_max);
   sh.conv_width = std::max<int64_t>(r.width, 1);
-  n.scratch = static_cast<uint64_t>(std::max(r.threads, 1)) * kernels::scratch_bytes_per_thread(sh);
+  n.scratch = kernels::scratch_bound_bytes(sh, r.threads);
   n.vae_during_denoise = r.editing;
   return n;
 }

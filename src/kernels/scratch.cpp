@@ -37,4 +37,17 @@ uint64_t scratch_bytes_per_thread(const ScratchShape& s) {
   return floats * sizeof(float);
 }
 
+uint64_t activation_copy_bytes(const ScratchShape& s) {
+  // Bytes per element of x: the bf16 GEMM's copy (2, freed after the call), the AMX bf16 GEMM's
+  // tiles (2), the W8A8 and W4A8 families' int8 copies (1 each, kept by their call sites), the
+  // W4A8's group sums (a float per 64) and every int8 copy's row scales (a float per row, at
+  // most one per 64 elements for K ≥ 64; the 4 KB covers shorter rows of small inputs).
+  const uint64_t x = static_cast<uint64_t>(std::max<int64_t>(s.max_x, 0));
+  return 6 * x + x / 16 + 2 * (x / 16) + 4096;
+}
+
+uint64_t scratch_bound_bytes(const ScratchShape& s, int threads) {
+  return static_cast<uint64_t>(std::max(threads, 1)) * scratch_bytes_per_thread(s) + activation_copy_bytes(s);
+}
+
 }  // namespace klein::kernels

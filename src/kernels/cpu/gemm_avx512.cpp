@@ -1,8 +1,8 @@
 // AVX-512F float32 linear layer (Precision::kFp32 — exact float32 arithmetic on the stored
 // weights): y[M, N] = x[M, K] · W[N, K]ᵀ + bias, the AVX2 GEMM widened to 14×32 register tiles
-// (gemm_avx512_common.h). One unit = one float, so x is read in place; F32 weights are packed
-// straight from storage, the other formats are expanded to float32 per slab first (BF16 / F16
-// vectorised, quantized formats through the format table's row → f32).
+// (gemm_avx512_common.h). One unit = one float, so x is read in place; F32 / BF16 / F16 weights
+// are packed straight from storage (the halves widened while packing), the other formats are
+// expanded to float32 per slab first (through the format table's row → f32).
 // Small M (≤ 4: decode-time GEMV, memory-bound) goes to the AVX2 GEMV, which streams W once.
 #include "kernels/cpu/avx2_kernels.h"
 #include "kernels/cpu/avx512_convert.h"
@@ -12,14 +12,24 @@
 namespace klein::kernels::avx512 {
 namespace {
 
+bool half_format(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }
+
 struct F32Op : F32Dot {
-  // The slab's rows as float32 units (KU = K).
+  // The slab's rows (KU = K): F32 / BF16 / F16 in place, widened per K slice by pack; other
+  // formats expanded to float32 rows here.
   static std::pair<const uint8_t*, int64_t> slab(const Weight& W, int64_t nc0, int64_t ncn, int64_t KU,
                                                  UnitScratch& conv) {
-    if (W.dtype == DType::kF32) return {static_cast<const uint8_t*>(W.data) + nc0 * KU * 4, KU * 4};
+    if (W.dtype == DType::kF32 || half_format(W.dtype)) {
+      const int64_t ld = KU * static_cast<int64_t>(dtype_size(W.dtype));
+      return {static_cast<const uint8_t*>(W.data) + nc0 * ld, ld};
+    }
     float* f = conv.get<float>(ncn * KU);
     for (int64_t j = 0; j < ncn; ++j) weight_row_f32(W, nc0 + j, KU, f + j * KU);
     return {reinterpret_cast<const uint8_t*>(f), KU * 4};
+  }
+  static void pack(const uint8_t* rows, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, const Weight& W) {
+    if (half_format(W.dtype)) pack_halves_z(rows, ld, nr, q0, nq, dst, W.dtype == DType::kF16);
+    else pack_units_z(rows, ld, nr, q0, nq, dst);
   }
 };
 

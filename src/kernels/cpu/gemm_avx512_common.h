@@ -250,8 +250,32 @@ inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int
     }
 }
 
+// pack_units_z for rows of 16-bit floats (bf16 or f16, ld in bytes): each value widened to a
+// float32 unit while packing, so the float32 GEMM reads such weights from storage per K slice
+// instead of expanding a whole slab first (256 rows × K floats: 12 MB at K = 12288, per thread).
+inline void pack_halves_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst,
+                          bool f16) {
+  for (int j0 = 0; j0 < kZNR; j0 += 16)
+    for (int64_t q = 0; q < nq; q += 16) {
+      const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
+      const __mmask16 um = col_mask(nu);
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (j0 + i >= nr) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const __m256i h = _mm256_maskz_loadu_epi16(um, src + (j0 + i) * ld + (q0 + q) * 2);
+        r[i] = f16 ? _mm512_castps_si512(_mm512_cvtph_ps(h)) : _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+      }
+      transpose16x16_epi32(r);
+      for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
+    }
+}
+
 // y[m0:m1, n0:n1] = A · W[n0:n1]ᵀ (+ bias) over all KU units. A: rows of units at stride lda.
-// Op::slab(W, nc0, ncn, scratch) returns the slab's rows as units {bytes, row stride in bytes}.
+// Op::slab(W, nc0, ncn, scratch) returns the slab's rows {bytes, row stride in bytes}, and
+// Op::pack(rows, ld, nr, q0, nq, panel, W) packs a panel of them as units.
 template <class Op>
 void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, int64_t KU, const Weight& W,
                  int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
@@ -271,16 +295,17 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
     const auto slab_rows = Op::slab(W, nc0, ncn, KU, conv_buf);
     const auto* const src = slab_rows.first;
     const int64_t ld = slab_rows.second;
+    const int64_t ub = ld / KU;  // bytes per stored unit: 4, or 2 for rows of halves
     const int64_t np = (ncn + kZNR - 1) / kZNR;
     for (int64_t kc0 = 0; kc0 < KU; kc0 += kZKC) {
       const int64_t kcn = std::min(kZKC, KU - kc0);
       for (int64_t p = 0; p < np; ++p)
-        pack_units_z(src + p * kZNR * ld, ld, static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR)), kc0, kcn,
-                     bp + p * kcn * kZNR);
+        Op::pack(src + p * kZNR * ld, ld, static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR)), kc0, kcn,
+                 bp + p * kcn * kZNR, W);
       const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
       const Slivers sl(m0, m1, kZMR);
       // The next slice's weight rows, fetched while this slice computes (gemm_units.h).
-      SlicePrefetch pf(src + (kc0 + kcn) * 4, ld, ncn, std::min(kZKC, KU - (kc0 + kcn)) * 4, sl.n);
+      SlicePrefetch pf(src + (kc0 + kcn) * ub, ld, ncn, std::min(kZKC, KU - (kc0 + kcn)) * ub, sl.n);
       for (int64_t i = 0; i < sl.n; ++i) {
         pf.step();
         const int64_t m = sl.begin(i);

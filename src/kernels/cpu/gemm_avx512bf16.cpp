@@ -42,6 +42,9 @@ struct Bf16Op : Bf16Dot {
     }
     return {reinterpret_cast<const uint8_t*>(h), KU * 4};
   }
+  static void pack(const uint8_t* rows, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, const Weight&) {
+    pack_units_z(rows, ld, nr, q0, nq, dst);
+  }
 };
 
 }  // namespace
