@@ -22,6 +22,10 @@ uint64_t scratch_bytes_per_thread(const ScratchShape& s) {
   // of 256 int16 pairs, gemm_int8_common.h)
   uint64_t floats = kKC * kNC + k + 48 * kKC;
   if (s.converts_weights) floats += kNC * k;        // a slab of weight rows expanded to f32
+  // The AMX GEMMs' copy of a slab (128 rows of ≤ 2 bytes per element, gemm_amx.cpp), made for
+  // any format when the stored rows do not start on cache lines — the case of safetensors data,
+  // which is only 8-byte aligned — or the slab is not whole tiles.
+  floats += 128 * 2 * k / 4;
   floats *= 2;                                      // the int8 / AVX-512 families keep their own copies
   if (s.attn_head_dim > 0) {
     const uint64_t dp = (static_cast<uint64_t>(s.attn_head_dim) + 15) / 16 * 16;
