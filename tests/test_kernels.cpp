@@ -353,6 +353,11 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
   check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);
+  // Float weights the bf16 GEMMs round and pair while packing, at an odd K (the last unit's high
+  // half zero) and across several 16-unit groups of a slice.
+  check_linear_fast(fast, DType::kBF16, 37, 70, 523, true, 0, pool, rng);
+  check_linear_fast(fast, DType::kF32, 37, 70, 523, false, 3, pool, rng);
+  check_linear_fast(fast, DType::kF32, 45, 40, 1100, true, 0, pool, rng);
 }
 
 TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
@@ -377,10 +382,10 @@ TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
         kernels::ScratchShape shape;
         shape.max_k = K;
         shape.max_x = M * K;
-        // The float32 GEMMs read f32 / bf16 / f16 weights from storage (widened while packing),
-        // the bf16 ones only bf16, the int8 ones q8 / q4 (memory_needs.cpp assumes bf16 only).
+        // The float32 and bf16 GEMMs read f32 / bf16 / f16 weights from storage (converting per
+        // K slice while packing), the int8 ones q8 / q4 (memory_needs.cpp counts only the first).
         const bool fp32 = ks == &set;
-        const bool plain = dt == DType::kBF16 || (fp32 && (dt == DType::kF32 || dt == DType::kF16)) ||
+        const bool plain = dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16 ||
                            (!fp32 && (dt == DType::kQ8Row || dt == DType::kQ4G64));
         shape.converts_weights = !plain;
         EXPECT_LE(grown, kernels::scratch_bound_bytes(shape, pool.size()))

@@ -57,9 +57,10 @@ Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_
                                     const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir) {
   WeightSizes s;
   auto note_format = [&](Weight& w) {
-    // bf16 is the one format no GEMM expands per slab (the bf16 GEMMs expand F32 / F16); the
-    // AMX GEMMs' aligned slab copies are counted whatever the format (kernels/scratch.cpp).
-    if (!w.empty() && w.dtype != DType::kBF16) s.converts = true;
+    // Every GEMM reads f32 / bf16 / f16 rows in place (converting per K slice while packing);
+    // the AMX GEMMs' aligned slab copies are counted whatever the format (kernels/scratch.cpp).
+    const bool plain = w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16;
+    if (!w.empty() && !plain) s.converts = true;
     return Status::Ok();
   };
   {

@@ -18,7 +18,7 @@ struct WeightSizes {
   uint64_t te_embed_row = 0;     // bytes of one embedding row (only the prompt's rows are read)
   uint64_t te_embed_total = 0;
   uint64_t vae = 0;
-  bool converts = false;         // a weight format some GEMM expands per slab (any but bf16)
+  bool converts = false;         // a weight format the GEMMs expand per slab (not f32/bf16/f16)
 };
 Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_layers,
                                     const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir);

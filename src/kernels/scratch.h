@@ -17,7 +17,7 @@ void note_scratch_bytes(int64_t delta);
 struct ScratchShape {
   int64_t max_k = 0;            // the widest reduction of a Linear (its input columns)
   int64_t max_x = 0;            // the largest input of one Linear, M · K elements
-  bool converts_weights = false;  // a stored format some GEMM expands per slab (not bf16)
+  bool converts_weights = false;  // a stored format the GEMMs expand per slab (not f32/bf16/f16)
   int64_t attn_head_dim = 0;    // 0: no attention
   int64_t conv_cin = 0;         // the widest 3×3 conv input (channels), 0: no convolutions
   int64_t conv_width = 0;       // the widest conv input row (pixels, halo included)

@@ -295,7 +295,9 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
     const auto slab_rows = Op::slab(W, nc0, ncn, KU, conv_buf);
     const auto* const src = slab_rows.first;
     const int64_t ld = slab_rows.second;
-    const int64_t ub = ld / KU;  // bytes per stored unit: 4, or 2 for rows of halves
+    // Bytes per stored unit for the slice prefetch: 4; 2 for halves widened to float32 units, 8
+    // for float32 rounded to bf16 pairs (rounded down for an odd K: only a prefetch distance).
+    const int64_t ub = ld / KU;
     const int64_t np = (ncn + kZNR - 1) / kZNR;
     for (int64_t kc0 = 0; kc0 < KU; kc0 += kZKC) {
       const int64_t kcn = std::min(kZKC, KU - kc0);

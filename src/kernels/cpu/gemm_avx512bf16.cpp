@@ -21,29 +21,73 @@
 namespace klein::kernels::avx512bf16 {
 namespace {
 
+// pack_units_z for rows of f32 / f16 / bf16 values (ld in bytes) that are not bf16 pairs as
+// stored — float formats, or bf16 with an odd K — rounded to bf16 (RNE, as f32_to_bf16) and
+// paired while packing: unit u = values 2u (low half) and 2u + 1 (high half), zero past K.
+// So these formats need no per-slab copy (256 rows × K, 6 MB at K = 12288, per thread).
+inline void pack_pairs_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, DType dt,
+                         int64_t K) {
+  const auto mask16 = [](int64_t n) { return col_mask(static_cast<int>(std::clamp<int64_t>(n, 0, 16))); };
+  for (int j0 = 0; j0 < kZNR; j0 += 16)
+    for (int64_t q = 0; q < nq; q += 16) {
+      const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
+      const int64_t e0 = 2 * (q0 + q), n = std::min<int64_t>(32, K - e0);  // values of these units
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (j0 + i >= nr) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* p = src + (j0 + i) * ld;
+        if (dt == DType::kBF16) {
+          const __mmask32 m = n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1;
+          r[i] = _mm512_maskz_loadu_epi16(m, p + e0 * 2);
+          continue;
+        }
+        __m512 lo, hi;
+        if (dt == DType::kF16) {
+          lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n), p + e0 * 2));
+          hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n - 16), p + (e0 + 16) * 2));
+        } else {
+          lo = _mm512_maskz_loadu_ps(mask16(n), p + e0 * 4);
+          hi = _mm512_maskz_loadu_ps(mask16(n - 16), p + (e0 + 16) * 4);
+        }
+        r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
+      }
+      transpose16x16_epi32(r);
+      for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
+    }
+}
+
+bool float_format(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
+
 struct Bf16Op : Bf16Dot {
-  // The slab's rows as bf16 pairs [ncn][KU].
+  // The slab's rows: f32 / f16 / bf16 in place (bf16 with an even K already as pairs; the others
+  // rounded and paired per K slice by pack), other formats converted to bf16 pairs [ncn][KU] here.
   static std::pair<const uint8_t*, int64_t> slab(const Weight& W, int64_t nc0, int64_t ncn, int64_t KU,
                                                  UnitScratch& conv) {
     const int64_t K = W.cols();
-    if (W.dtype == DType::kBF16 && K == 2 * KU) return {static_cast<const uint8_t*>(W.data) + nc0 * K * 2, K * 2};
+    if (float_format(W.dtype)) {
+      const int64_t ld = K * static_cast<int64_t>(dtype_size(W.dtype));
+      return {static_cast<const uint8_t*>(W.data) + nc0 * ld, ld};
+    }
     uint16_t* h = conv.get<uint16_t>(ncn * KU * 2);
     static thread_local UnitScratch row;  // one row as float32
     float* f = row.get<float>(K);
     for (int64_t j = 0; j < ncn; ++j) {
       uint16_t* d = h + j * KU * 2;
-      if (W.dtype == DType::kBF16) {
-        std::memcpy(d, static_cast<const uint8_t*>(W.data) + (nc0 + j) * K * 2, K * 2);
-      } else {
-        weight_row_f32(W, nc0 + j, K, f);
-        f32_to_bf16_row(f, K, d);
-      }
+      weight_row_f32(W, nc0 + j, K, f);
+      f32_to_bf16_row(f, K, d);
       if (K < 2 * KU) d[K] = 0;
     }
     return {reinterpret_cast<const uint8_t*>(h), KU * 4};
   }
-  static void pack(const uint8_t* rows, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, const Weight&) {
-    pack_units_z(rows, ld, nr, q0, nq, dst);
+  static void pack(const uint8_t* rows, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, const Weight& W) {
+    const int64_t K = W.cols();
+    if (!float_format(W.dtype) || (W.dtype == DType::kBF16 && K % 2 == 0))
+      pack_units_z(rows, ld, nr, q0, nq, dst);
+    else
+      pack_pairs_z(rows, ld, nr, q0, nq, dst, W.dtype, K);
   }
 };
 
