@@ -13,6 +13,7 @@ namespace {
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kF = sizeof(float);
 
+bool plain(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 template <class M>
 BlockedWeights blocks_of(const M& m, uint64_t all) {
@@ -59,8 +60,7 @@ Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_
   auto note_format = [&](Weight& w) {
     // Every GEMM reads f32 / bf16 / f16 rows in place (converting per K slice while packing);
     // the AMX GEMMs' aligned slab copies are counted whatever the format (kernels/scratch.cpp).
-    const bool plain = w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16;
-    if (!w.empty() && !plain) s.converts = true;
+    if (!w.empty() && !plain(w.dtype)) s.converts = true;
     return Status::Ok();
   };
   {

@@ -250,29 +250,6 @@ inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int
     }
 }
 
-// pack_units_z for rows of 16-bit floats (bf16 or f16, ld in bytes): each value widened to a
-// float32 unit while packing, so the float32 GEMM reads such weights from storage per K slice
-// instead of expanding a whole slab first (256 rows × K floats: 12 MB at K = 12288, per thread).
-inline void pack_halves_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst,
-                          bool f16) {
-  for (int j0 = 0; j0 < kZNR; j0 += 16)
-    for (int64_t q = 0; q < nq; q += 16) {
-      const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
-      const __mmask16 um = col_mask(nu);
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        if (j0 + i >= nr) {
-          r[i] = _mm512_setzero_si512();
-          continue;
-        }
-        const __m256i h = _mm256_maskz_loadu_epi16(um, src + (j0 + i) * ld + (q0 + q) * 2);
-        r[i] = f16 ? _mm512_castps_si512(_mm512_cvtph_ps(h)) : _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-      }
-      transpose16x16_epi32(r);
-      for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
-    }
-}
-
 // y[m0:m1, n0:n1] = A · W[n0:n1]ᵀ (+ bias) over all KU units. A: rows of units at stride lda.
 // Op::slab(W, nc0, ncn, scratch) returns the slab's rows {bytes, row stride in bytes}, and
 // Op::pack(rows, ld, nr, q0, nq, panel, W) packs a panel of them as units.
