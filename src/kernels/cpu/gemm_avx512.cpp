@@ -17,22 +17,10 @@ namespace {
 // instead of expanding a whole slab first (256 rows × K floats: 12 MB at K = 12288, per thread).
 inline void pack_halves_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst,
                           bool f16) {
-  for (int j0 = 0; j0 < kZNR; j0 += 16)
-    for (int64_t q = 0; q < nq; q += 16) {
-      const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
-      const __mmask16 um = col_mask(nu);
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        if (j0 + i >= nr) {
-          r[i] = _mm512_setzero_si512();
-          continue;
-        }
-        const __m256i h = _mm256_maskz_loadu_epi16(um, src + (j0 + i) * ld + (q0 + q) * 2);
-        r[i] = _mm512_castps_si512(f16 ? _mm512_cvtph_ps(h) : bf16x16_to_f32(h));
-      }
-      transpose16x16_epi32(r);
-      for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
-    }
+  pack_panel_z(nr, nq, dst, [&](int j, int64_t q, int nu) {
+    const __m256i h = _mm256_maskz_loadu_epi16(col_mask(nu), src + j * ld + (q0 + q) * 2);
+    return _mm512_castps_si512(f16 ? _mm512_cvtph_ps(h) : bf16x16_to_f32(h));
+  });
 }
 
 bool half_format(DType dt) { return dt == DType::kBF16 || dt == DType::kF16; }

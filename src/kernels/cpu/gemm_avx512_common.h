@@ -234,20 +234,27 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
 }
 
-// A 32-column panel (gemm_units.h) by zmm transposes: dst[q·32 + j] = unit q0 + q of row j (zero
-// for j ≥ nr). 16 rows × 16 units at a time: 16 row loads, transpose16x16_epi32 (above), 16
-// stores — a scalar load and store per unit was ~9 % of a DiT step.
-inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
+// A 32-column panel (gemm_units.h) by zmm transposes: dst[q·32 + j] = unit q of row j (zero for
+// j ≥ nr), where load(j, q, nu) returns row j's units q .. q + 15 as a zmm (those past nu zero;
+// it reads and converts the stored format). 16 rows × 16 units at a time: 16 row loads,
+// transpose16x16_epi32 (above), 16 stores — a scalar load and store per unit was ~9 % of a DiT step.
+template <class Load>
+inline void pack_panel_z(int nr, int64_t nq, uint32_t* dst, const Load& load) {
   for (int j0 = 0; j0 < kZNR; j0 += 16)
     for (int64_t q = 0; q < nq; q += 16) {
       const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
-      const __mmask16 um = col_mask(nu);
       __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < nr ? _mm512_maskz_loadu_epi32(um, src + (j0 + i) * ld + (q0 + q) * 4) : _mm512_setzero_si512();
+      for (int i = 0; i < 16; ++i) r[i] = j0 + i < nr ? load(j0 + i, q, nu) : _mm512_setzero_si512();
       transpose16x16_epi32(r);
       for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
     }
+}
+
+// The panel of stored 4-byte units q0 .. q0 + nq of rows ld bytes apart.
+inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
+  pack_panel_z(nr, nq, dst, [&](int j, int64_t q, int nu) {
+    return _mm512_maskz_loadu_epi32(col_mask(nu), src + j * ld + (q0 + q) * 4);
+  });
 }
 
 // y[m0:m1, n0:n1] = A · W[n0:n1]ᵀ (+ bias) over all KU units. A: rows of units at stride lda.

@@ -28,35 +28,21 @@ namespace {
 inline void pack_pairs_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst, DType dt,
                          int64_t K) {
   const auto mask16 = [](int64_t n) { return col_mask(static_cast<int>(std::clamp<int64_t>(n, 0, 16))); };
-  for (int j0 = 0; j0 < kZNR; j0 += 16)
-    for (int64_t q = 0; q < nq; q += 16) {
-      const int nu = static_cast<int>(std::min<int64_t>(16, nq - q));
-      const int64_t e0 = 2 * (q0 + q), n = std::min<int64_t>(32, K - e0);  // values of these units
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        if (j0 + i >= nr) {
-          r[i] = _mm512_setzero_si512();
-          continue;
-        }
-        const uint8_t* p = src + (j0 + i) * ld;
-        if (dt == DType::kBF16) {
-          const __mmask32 m = n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1;
-          r[i] = _mm512_maskz_loadu_epi16(m, p + e0 * 2);
-          continue;
-        }
-        __m512 lo, hi;
-        if (dt == DType::kF16) {
-          lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n), p + e0 * 2));
-          hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n - 16), p + (e0 + 16) * 2));
-        } else {
-          lo = _mm512_maskz_loadu_ps(mask16(n), p + e0 * 4);
-          hi = _mm512_maskz_loadu_ps(mask16(n - 16), p + (e0 + 16) * 4);
-        }
-        r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
-      }
-      transpose16x16_epi32(r);
-      for (int u = 0; u < nu; ++u) _mm512_storeu_si512(dst + (q + u) * kZNR + j0, r[u]);
+  pack_panel_z(nr, nq, dst, [&](int j, int64_t q, int) {
+    const uint8_t* p = src + j * ld;
+    const int64_t e0 = 2 * (q0 + q), n = std::min<int64_t>(32, K - e0);  // values of these units
+    if (dt == DType::kBF16)
+      return _mm512_maskz_loadu_epi16(n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1, p + e0 * 2);
+    __m512 lo, hi;
+    if (dt == DType::kF16) {
+      lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n), p + e0 * 2));
+      hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n - 16), p + (e0 + 16) * 2));
+    } else {
+      lo = _mm512_maskz_loadu_ps(mask16(n), p + e0 * 4);
+      hi = _mm512_maskz_loadu_ps(mask16(n - 16), p + (e0 + 16) * 4);
     }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
+  });
 }
 
 bool float_format(DType dt) { return dt == DType::kF32 || dt == DType::kBF16 || dt == DType::kF16; }
