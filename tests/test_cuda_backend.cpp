@@ -14,11 +14,14 @@
 
 #ifdef KLEIN_HAS_CUDA
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/run_context.h"
 #include "backend/transfer.h"
 #include "io/npy.h"
 #include "klein/klein.h"
@@ -115,6 +118,48 @@ TEST_F(CudaOps, LinearOnViewsAndBothPrecisions) {
     ASSERT_TRUE(t.gpu->linear(xg.view().col_range(3, 3 + K), Wg, &Bg, yg.view().col_range(1, 1 + N)).ok());
     EXPECT_LE(rel_err(host(*t.gpu, yg), host(t.cpu, yc)), tol);
   }
+}
+
+// RunContext::report synchronises the backend, so work queued before a report has finished when
+// the caller hears of it (phase times, previews, cancel points). A chain of float32 GEMMs is
+// queued (launches take microseconds, the device ~10 ms per 4096² GEMM), then reported: the
+// report must come no sooner than the device's own time for the chain, measured beforehand.
+// Without the sync it came after the launches alone (the H200 run's decode phase read 0.006 s).
+TEST_F(CudaOps, ProgressReportsWaitForQueuedWork) {
+  auto be = cuda(CudaPrecision::kFp32);
+  ASSERT_TRUE(be);
+  const int64_t n = 4096;
+  const int chain = 8;
+  const auto ws = randv(n * n, 4, -0.01f, 0.01f), xs = randv(n * n, 5);
+  Weight W;
+  W.name = "w", W.shape = {n, n}, W.data = ws.data(), W.nbytes = ws.size() * 4;
+  ASSERT_TRUE(be->prepare_weight(W).ok());
+  auto x = be->upload(xs.data(), {n, n}, "x");
+  auto y = be->alloc({n, n}, "y");
+  ASSERT_TRUE(x.ok() && y.ok());
+  auto queue = [&] {
+    for (int i = 0; i < chain; ++i) ASSERT_TRUE(be->linear(x->view(), W, nullptr, y->view()).ok());
+  };
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  queue();  // warm-up: the cuBLASLt plan
+  ASSERT_TRUE(be->sync().ok());
+  auto t0 = Clock::now();
+  queue();
+  ASSERT_TRUE(be->sync().ok());
+  const double device_s = since(t0);
+
+  RunContext ctx;
+  ctx.backend = be.get();
+  double reported_s = -1;
+  ctx.progress = [&](const std::string&, int, int) { reported_s = since(t0); };
+  t0 = Clock::now();
+  queue();
+  const double queued_s = since(t0);
+  ctx.report("test", 1, 1);
+  std::printf("[cuda report] %d GEMMs %lld²: device %.1f ms, queued in %.2f ms, reported at %.1f ms\n", chain,
+              static_cast<long long>(n), 1e3 * device_s, 1e3 * queued_s, 1e3 * reported_s);
+  EXPECT_GE(reported_s, 0.8 * device_s);
 }
 
 TEST_F(CudaOps, AttentionHeadDimsMasksAndGqa) {
