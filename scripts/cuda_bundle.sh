@@ -3,14 +3,16 @@
 # CMAKE_CUDA_ARCHITECTURES says otherwise) and gathers what a GPU machine needs to run the
 # checks of scripts/cuda_device_check.sh into .cuda-bundle/ (ignored by git; carry it):
 #
-#   klein, klein_tests, klein-make_random_model, klein-bench_generate, lib/libklein.so*,
-#   lib/<every shared library they load that a bare machine may lack>, source_dir
+#   klein, klein_tests, klein-make_random_model, klein-bench_generate, klein-bench_kernels,
+#   klein-c-example, lib/libklein.so*, lib/<every shared library they load that a bare machine
+#   may lack>, source_dir, build_dir
 #
 # Not copied: the C and C++ runtimes, the CUDA driver (libcuda.so.1, the machine's own) and
 # libcublasLt.so.13 (about 540 MB, over what a call can carry): cuda_device_check.sh finds it
 # in the machine's CUDA 13 toolkit or in PyTorch's nvidia-cublas package. cudart is linked
-# statically. `source_dir` records this checkout's path, which the binaries have compiled in
-# (the tests' data, the CLI's default model); the device script links it to its own checkout.
+# statically. `source_dir` and `build_dir` record this checkout's and this build's paths, which
+# the binaries have compiled in (the tests' data and the CLI they run, the CLI's default model);
+# the device script links them to its own checkout and to the bundle.
 #
 #   scripts/cuda_bundle.sh [BUILD_DIR]        (default: build-cuda)
 set -euo pipefail
@@ -19,13 +21,16 @@ build=${1:-$root/build-cuda}
 out=$root/.cuda-bundle
 
 nice cmake -S "$root" -B "$build" -G Ninja -DKLEIN_CUDA=ON
-nice cmake --build "$build" -j2 --target klein_tests klein_cli klein-make_random_model klein-bench_generate
+nice cmake --build "$build" -j2 --target klein_tests klein_cli klein-make_random_model klein-bench_generate \
+  klein-bench_kernels klein_c_example
 
 rm -rf "$out"
 mkdir -p "$out/lib"
-cp "$build/klein" "$build/tests/klein_tests" "$build/klein-make_random_model" "$build/klein-bench_generate" "$out/"
+bins="klein klein_tests klein-make_random_model klein-bench_generate klein-bench_kernels klein-c-example"
+cp "$build/klein" "$build/tests/klein_tests" "$build/klein-make_random_model" "$build/klein-bench_generate" \
+  "$build/klein-bench_kernels" "$build/klein-c-example" "$out/"
 cp -P "$build"/libklein.so* "$out/lib/"
-for bin in "$out"/klein "$out"/klein_tests "$out"/klein-make_random_model "$out"/klein-bench_generate "$out"/lib/libklein.so.*.*; do
+for bin in $(printf "$out/%s " $bins) "$out"/lib/libklein.so.*.*; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -34,8 +39,8 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-strip --strip-unneeded "$out"/klein "$out"/klein_tests "$out"/klein-make_random_model "$out"/klein-bench_generate \
-  "$out"/lib/*.so* 2>/dev/null || true
+strip --strip-unneeded $(printf "$out/%s " $bins) "$out"/lib/*.so* 2>/dev/null || true
 echo "$root" >"$out/source_dir"
+(cd "$build" && pwd) >"$out/build_dir"
 ls -la "$out" "$out/lib"
 du -sh "$out"

@@ -23,11 +23,15 @@
 #      (process start to PNG, weights uploaded in the run);
 #   5. (KLEIN_CHECK_Q4=1) the same 1024² case on a q4 copy (`klein quantize --type q4`); the
 #      backend dequantises q4 to bf16 at upload today, so its GPU memory is the bf16 model's.
+#   6. the machine's own CPU, which may have ISAs the build machine lacks (AMX, AVX-VNNI): every
+#      non-CUDA test in one shard per core (the per-ISA kernel tests run each ISA this CPU has),
+#      then klein-bench_kernels for the AMX and AVX-VNNI kernels against this CPU's peaks.
 #
-# Budget: about 5-8 minutes on an H200 (most of it steps 3-4); give the call timeout_s 600.
+# Budget: under 3 minutes on an H200 (2026-12-04: steps 1-2 9 s, the model 16 s, each timing
+# ~10-25 s, step 6 ~2 minutes); give the call timeout_s 600.
 # Environment: OUT (results folder; default /tmp/klein-cuda-check), KLEIN_BUNDLE (default
 # .cuda-bundle), KLEIN_RANDOM_MODEL (default /tmp/klein-random-4b), KLEIN_CHECK_STEPS (the
-# steps to run, default "1 2 3 4"; e.g. "4" to time again), KLEIN_CHECK_Q4.
+# steps to run, default "1 2 3 4 6"; e.g. "4" to time again), KLEIN_CHECK_Q4.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -63,6 +67,12 @@ src=$(cat "$bundle/source_dir")
 if [ "$src" != "$root" ] && [ ! -e "$src/tests/data" ]; then
   mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"
 fi
+# ... and the tests run the CLI and the C example from the build folder.
+if [ -f "$bundle/build_dir" ]; then
+  bdir=$(cat "$bundle/build_dir")
+  mkdir -p "$bdir"
+  for b in klein klein-c-example; do [ -e "$bdir/$b" ] || ln -sf "$bundle/$b" "$bdir/$b"; done
+fi
 cublas_dir=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   $(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null) \
@@ -81,7 +91,7 @@ bench() {  # label, model, args...: warm timings, their lines copied into the su
   fi
 }
 K=$bundle/klein
-steps=" ${KLEIN_CHECK_STEPS:-1 2 3 4} "
+steps=" ${KLEIN_CHECK_STEPS:-1 2 3 4 6} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 tiny=$root/tests/data/tiny
 prompt="A cat holding a sign that says hello world"
@@ -138,6 +148,34 @@ fi
 if [ "${KLEIN_CHECK_Q4:-0}" = 1 ]; then
   [ -f "$model-q4/model_index.json" ] || step "quantize q4" "$K" quantize --model "$model" --type q4 -o "$model-q4"
   bench "1024 t2i q4" "$model-q4" -W 1024 -H 1024
+fi
+
+# ---- 6. this machine's CPU
+cpu_tests() {  # every non-CUDA test, one shard per core; lists what failed
+  local n pids="" i rc=0
+  n=$(nproc)
+  for i in $(seq 0 $((n - 1))); do
+    CUDA_VISIBLE_DEVICES= GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout 300 "$bundle/klein_tests" \
+      --gtest_filter='-*Cuda*:*cuda*' >"$out/cpu_shard$i.log" 2>&1 &
+    pids="$pids $!"
+  done
+  for i in $pids; do wait "$i" || rc=1; done
+  cat "$out"/cpu_shard*.log >"$out/cpu_tests.log" && rm -f "$out"/cpu_shard*.log
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$out/cpu_tests.log" | awk '{s[$2]+=$4} END {for (k in s) print k, s[k]}'
+  grep -E '^\[  FAILED  \] .*\(' "$out/cpu_tests.log" | sed -E 's/(, where GetParam| \().*//' | sort -u
+  echo "passed per ISA (kernel and backend-op tests):" $(grep -E '^\[       OK \] ' "$out/cpu_tests.log" |
+    sed -nE 's/.*\/(cpu_)?(scalar|avx2|avx512|avx512_vnni|avx512_bf16|avx_vnni|amx) \(.*/\2/p' | sort | uniq -c | awk '{print $2 "=" $1}')
+  return $rc
+}
+if want 6; then
+  grep -m1 'model name' /proc/cpuinfo | sed 's/^/  /' >>"$summary"
+  note "  ISAs: $(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx512_vnni|avx512_bf16|avx_vnni|amx_int8|amx_bf16' | tr '\n' ' ')"
+  step "CPU tests (klein_tests, no CUDA, $(nproc) shards)" cpu_tests
+  awk '/^=== CPU tests/{c=1; next} /^=== /{c=0} c' "$log" | sed 's/^/  /' >>"$summary"
+  for only in _amx avxvnni; do
+    step "kernel bench $only (2 threads)" "$bundle/klein-bench_kernels" --threads 2 --only "$only" --m 768 --reps 2
+    awk -v o="$only" '/^=== /{c=($0 ~ "kernel bench " o " ")} c && (/^(gemm|conv|flash).*%/ || (o == "_amx" && /^peak/))' "$log" | sed 's/^/  /' >>"$summary"
+  done
 fi
 
 note "failed steps: $failed"
