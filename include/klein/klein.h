@@ -108,6 +108,8 @@ struct LoadOptions {
 // Caller hooks. All are optional and called on the calling thread.
 struct Callbacks {
   // Phase ("tokenize", "encode", "vae encode", "load transformer", "denoise", "decode"), done, total.
+  // A report comes after the work it counts has finished, on a GPU too (the backend is
+  // synchronised first), so the times between reports are the phases' real times.
   std::function<void(const std::string& phase, int done, int total)> progress;
   // Polled between layers and steps; returning true stops the call with Code::kCancelled.
   std::function<bool()> cancel;
