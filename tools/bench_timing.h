@@ -24,11 +24,13 @@ struct Time {
   double wall = 1e30, cpu = 1e30;  // seconds, best of the repetitions (each minimised separately)
 };
 
-// Best-of-`reps` wall and CPU time of fn() after one warm-up call.
-inline Time time_best(int reps, const std::function<void()>& fn) {
+// Best-of-`reps` wall and CPU time of fn() after one warm-up call; `before` (untimed, optional)
+// runs before each timed call, e.g. to evict the operands from the caches.
+inline Time time_best(int reps, const std::function<void()>& fn, const std::function<void()>& before = {}) {
   fn();
   Time best;
   for (int r = 0; r < reps; ++r) {
+    if (before) before();
     const double t0 = now_s(), c0 = cpu_s();
     fn();
     best.wall = std::min(best.wall, now_s() - t0);
