@@ -44,3 +44,8 @@ echo "$root" >"$out/source_dir"
 (cd "$build" && pwd) >"$out/build_dir"
 ls -la "$out" "$out/lib"
 du -sh "$out"
+# What a device call carries: the tracked files and the bundle (at most 64 MiB together).
+tracked=$(cd "$root" && git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+total=$((${tracked:-0} + $(du -sb "$out" | cut -f1)))
+echo "repository + bundle: $((total / 1048576)) MiB (a device call carries at most 64 MiB)"
+[ "$total" -le $((64 * 1048576)) ] || echo "warning: over what one device call carries; carry less" >&2
