@@ -26,9 +26,9 @@ nice cmake --build "$build" -j2 --target klein_tests klein_cli klein-make_random
 
 rm -rf "$out"
 mkdir -p "$out/lib"
-bins="klein klein_tests klein-make_random_model klein-bench_generate klein-bench_kernels klein-c-example"
-cp "$build/klein" "$build/tests/klein_tests" "$build/klein-make_random_model" "$build/klein-bench_generate" \
-  "$build/klein-bench_kernels" "$build/klein-c-example" "$out/"
+paths="klein tests/klein_tests klein-make_random_model klein-bench_generate klein-bench_kernels klein-c-example"
+bins=""
+for p in $paths; do cp "$build/$p" "$out/" && bins="$bins $(basename "$p")"; done
 cp -P "$build"/libklein.so* "$out/lib/"
 for bin in $(printf "$out/%s " $bins) "$out"/lib/libklein.so.*.*; do
   ldd "$bin" | awk '/=> \// {print $3}'

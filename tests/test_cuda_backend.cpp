@@ -122,7 +122,7 @@ TEST_F(CudaOps, LinearOnViewsAndBothPrecisions) {
 
 // RunContext::report synchronises the backend, so work queued before a report has finished when
 // the caller hears of it (phase times, previews, cancel points). A chain of float32 GEMMs is
-// queued (launches take microseconds, the device ~10 ms per 4096² GEMM), then reported: the
+// queued (launches take microseconds, the device milliseconds per 4096² GEMM), then reported: the
 // report must come no sooner than the device's own time for the chain, measured beforehand.
 // Without the sync it came after the launches alone (the H200 run's decode phase read 0.006 s).
 TEST_F(CudaOps, ProgressReportsWaitForQueuedWork) {

@@ -428,14 +428,14 @@ int main(int argc, char** argv) {
                                std::to_string(s.M) + " K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
       // Bytes of W as the kernel reads them (Q4_G64: K/2 per row and two bf16 per group).
       const size_t wbytes = v.format == DType::kQ8Row ? s.N * s.K : v.format == DType::kQ4G64 ? s.N * s.K / 2 : 2 * s.N * s.K;
+      const auto evict_w = [&] {
+        evict(W.data, wbytes);
+        if (v.format == DType::kQ8Row) evict(ws.data(), ws.size() * sizeof(float));
+        if (v.format == DType::kQ4G64) evict(gs.data(), gs.size() * 2), evict(gb.data(), gb.size() * 2);
+      };
       const Time t = time_best(
           reps, [&] { kernels::run_linear(set, hx.get(), s.M, s.K, W, nullptr, hy.get(), pool); },
-          [&] {
-            if (!cold) return;
-            evict(W.data, wbytes);
-            if (v.format == DType::kQ8Row) evict(ws.data(), ws.size() * sizeof(float));
-            if (v.format == DType::kQ4G64) evict(gs.data(), gs.size() * 2), evict(gb.data(), gb.size() * 2);
-          });
+          cold ? std::function<void()>(evict_w) : std::function<void()>());
       rows.push_back({name, pool.size(), flop, t, v.peak});
     }
   }
