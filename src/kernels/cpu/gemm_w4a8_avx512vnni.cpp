@@ -9,6 +9,7 @@
 //
 // Measured (bench_kernels, DiT shapes, 2 threads): this against the bf16-tile alternative
 // (the slab unpacked to bf16, then vdpbf16ps) — see tools/bench_kernels.cpp's Q4_G64 rows.
+#include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_w4a8_common.h"
 
@@ -19,6 +20,23 @@ struct Vnni512 {
   static constexpr int kMR = 6, kNR = 32;
   static constexpr int64_t kKG = 8;    // groups per K slice: 512 k, a 32-column panel of 16 KB
   static constexpr int64_t kNC = 256;  // columns per slab
+
+  static_assert(kNR == kZNR, "pack_panel_z builds kZNR-column panels");
+
+  // The panel's units (gemm_w4a8_common.h's layout: dst[q][j] = elements 4q .. 4q + 3 of row j
+  // as bytes 0..15, zero for j ≥ nr): per 16 rows × 16 units, each row's 32 nibble bytes spread
+  // to 64 bytes in one zmm, then a 16×16 transpose of 4-byte lanes (pack_panel_z). The shared
+  // scalar pack (a 4-byte store per unit, each row's loads behind the previous row's stores) was
+  // ~16 % of this GEMM's time at M = 256 on Zen 4 under perf, most of it waiting on the loads.
+  static void pack_panel(const Weight& W, int64_t n0, int nr, int64_t g0, int64_t ng, uint32_t* dst) {
+    const int64_t K = W.cols();
+    const uint8_t* base = static_cast<const uint8_t*>(W.data) + n0 * (K / 2) + g0 * 32;
+    pack_panel_z(nr, ng * 16, dst, [&](int j, int64_t q, int) {  // ng · 16 is a multiple of 16
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * (K / 2) + q * 2)));
+      const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi16(0x0f));
+      return _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_srli_epi16(w, 4), 8));  // byte 2b = element 2b
+    });
+  }
 
 static __mmask16 lanes(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 

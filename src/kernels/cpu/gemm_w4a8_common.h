@@ -108,9 +108,16 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0
     const int64_t ncn = std::min(NC, n1 - nc0), np = (ncn + NR - 1) / NR;
     for (int64_t g0 = 0; g0 < G; g0 += KG) {
       const int64_t ng = std::min(KG, G - g0);
-      for (int64_t p = 0; p < np; ++p)
-        pack_q4_panel<NR, KG>(W, nc0 + p * NR, static_cast<int>(std::min<int64_t>(NR, ncn - p * NR)), g0, ng,
-                              bp + p * ng * 16 * NR, sp + p * 2 * ng * NR, sp + p * 2 * ng * NR + ng * NR);
+      for (int64_t p = 0; p < np; ++p) {
+        const int nr = static_cast<int>(std::min<int64_t>(NR, ncn - p * NR));
+        float* ps = sp + p * 2 * ng * NR;
+        if constexpr (requires { UK::pack_panel(W, n0, nr, g0, ng, bp); }) {
+          UK::pack_panel(W, nc0 + p * NR, nr, g0, ng, bp + p * ng * 16 * NR);  // the kernel's own (wider) pack
+          pack_q4_scales<NR>(W, nc0 + p * NR, nr, g0, ng, ps, ps + ng * NR);
+        } else {
+          pack_q4_panel<NR, KG>(W, nc0 + p * NR, nr, g0, ng, bp + p * ng * 16 * NR, ps, ps + ng * NR);
+        }
+      }
       const bool acc = g0 > 0, last = g0 + ng == G;
       // The next slice's nibbles (32 bytes per group per row), fetched while this one computes.
       SlicePrefetch pf(static_cast<const uint8_t*>(W.data) + nc0 * (K / 2) + (g0 + ng) * 32, K / 2, ncn,
