@@ -23,8 +23,9 @@ struct Madd4 {
   static constexpr int64_t kNC = 256;  // columns per slab
   static constexpr int64_t kMB = 48;   // rows per pass over a panel (gemm_w4a8_common.h)
 
-  // c[R×8] as Vnni512::tile (gemm_w4a8_avx512vnni.cpp): a: sliver-packed units [ng·16][kMR];
-  // b: panel [ng·16][8]; s, o: [ng][8]; xs: row r's group sums at xs + r·ldxs.
+  // c[R×8] = (acc ? c : 0) + Σ_g (s[g] · A_g + o[g] · xs[r][g]) over ng groups; when `sx` is set
+  // (last slice) then c = c · sx[r] + bias. a: sliver-packed units [ng·16][kMR]; b: panel
+  // [ng·16][8]; s, o: [ng][8]; xs: row r's group sums at xs + r·ldxs.
   template <int R>
   __attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t ng, const float* s,
                                              const float* o, const float* xs, int64_t ldxs, float* c, int64_t ldc,

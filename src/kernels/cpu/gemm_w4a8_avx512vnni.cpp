@@ -1,116 +1,240 @@
-// AVX512_VNNI W4A8 GEMM for Q4_G64 weights (Precision::kFast; arithmetic: ref::linear_w4a8).
+// AVX512_VNNI W4A8 GEMM for Q4_G64 weights (Precision::kFast). Arithmetic: ref::linear_w4a8 in
+// the float32 steps of gemm_w4a8_common.h — per output and group g, f = fma(float(A_g), s_g, f),
+// f = fma(X_g, o_g, f); y = fma(f, s_x, bias) — so the same bits as the AVX2 and AMX kernels.
 //
-// Driver: gemm_w4a8_common.h (x quantized per row, nibbles unpacked to bytes in NR-column
-// panels; vpdpbusd takes them as its unsigned operand and the int8 activations as the signed
-// one). Per group of 64 (16 units) a 6×32 tile sums int32 A_g exactly, then folds it into
-// float32 accumulators: f += s_g · float(A_g) + o_g · X_g (per-column s_g, o_g). After the last
-// K slice, y = f · s_x + bias. Registers: 12 int32 + 12 float accumulators, 2 panel vectors, 1 broadcast,
-// 4 scale/offset vectors = 31 of 32 (hence 6 rows, not the W8A8 kernel's 12).
+// Why this form: the packing driver (gemm_w4a8_common.h, still the AVX2 kernel's) transposes each
+// K slice of the weights into 32-column panels, reading 256-byte row segments at a stride of K/2
+// that the hardware prefetchers follow poorly. On Zen 4 at M = 256 that pack was ~13-16 % of the
+// GEMM's time under perf, most of it waiting on those loads, and in the pipeline (weights cold
+// from the mapped file) ~15 %. Here, as in the W8A8 kernel (gemm_int8_direct.h), the tile
+// computes yᵀ: its vector lanes run along M and it broadcasts one 4-byte unit of a weight row —
+// 4 consecutive k of one output column — so the weights need no transpose, only their nibbles
+// spread to bytes, row after row (sequential reads), once per slab of rows that stays in L2.
+// Zen 4, 2 threads, the DiT's ten shapes at M = 256 and 1024 (klein-bench_kernels, three
+// interleaved runs): 613-666 ms → 561-570 ms (one run 651), 55-75 % → 72-79 % of the vpdpbusd
+// peak; with the weights evicted before each call (--cold) 62-76 % → 72-85 %. The packing form
+// with a zmm-transposing pack (not kept) was in between. Scattering y's columns instead of the
+// epilogue's transposes halved the epilogue on hot operands but was 7 % slower in the GEMM.
 //
-// Measured (bench_kernels, DiT shapes, 2 threads): this against the bf16-tile alternative
-// (the slab unpacked to bf16, then vdpbf16ps) — see tools/bench_kernels.cpp's Q4_G64 rows.
+//   1. x is quantized per row as u8 = q + 128 (quantize_row_int8_z: the bytes of
+//      ref::quantize_row_int8, shifted) into blocks of 32 rows stored [K/4][32] 4-byte units, with
+//      each row's group sums X_g = Σ q (exact as float: |X_g| ≤ 64 · 127) stored [G][32] per block.
+//   2. Threads take work items of columns (split_gemm). Per slab of weight rows (≤ a quarter of
+//      L2 once unpacked): the nibbles spread to bytes 0..15 (rows ldw apart), and per group and
+//      row the scale, the offset (float) and −128 · Σ nibbles, group-major.
+//   3. Per 32-row block of x, across the slab's 6-row tiles, over the whole K in registers: per
+//      group the int32 sums start at −128 · Σ nibbles, so that 16 vpdpbusd of (q + 128) · nibble
+//      leave exactly A_g = Σ q · nibble; then the fold. The epilogue transposes 16 × 16 blocks
+//      into rows of y.
+//
+// Registers: 12 int32 + 12 float accumulators, 2 activation vectors, 1 broadcast, and the fold's
+// X_g vectors and scale / offset broadcasts: 31 of 32 — hence 6 weight rows per tile.
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cpu/gemm_avx512_common.h"
+#include "kernels/cpu/gemm_int8_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
-#include "kernels/cpu/gemm_w4a8_common.h"
+#include "kernels/cpu/gemm_units.h"
 
 namespace klein::kernels::avx512vnni {
 namespace {
 
-struct Vnni512 {
-  static constexpr int kMR = 6, kNR = 32;
-  static constexpr int64_t kKG = 8;    // groups per K slice: 512 k, a 32-column panel of 16 KB
-  static constexpr int64_t kNC = 256;  // columns per slab
+constexpr int kMR = 32;           // rows of x per tile (two zmm of lanes)
+constexpr int kNC = 6;            // weight rows (columns of y) per tile
+constexpr int64_t kSlabMax = 96;  // most weight rows per slab (a multiple of kNC)
+constexpr int64_t kItem = 384;    // columns per thread work item (a few slabs: each prefetches the next)
+constexpr int64_t kAPf = 32;      // activation units prefetched ahead into L1 (as the W8A8 tile)
 
-  static_assert(kNR == kZNR, "pack_panel_z builds kZNR-column panels");
-
-  // The panel's units (gemm_w4a8_common.h's layout: dst[q][j] = elements 4q .. 4q + 3 of row j
-  // as bytes 0..15, zero for j ≥ nr): per 16 rows × 16 units, each row's 32 nibble bytes spread
-  // to 64 bytes in one zmm, then a 16×16 transpose of 4-byte lanes (pack_panel_z). The shared
-  // scalar pack (a 4-byte store per unit, each row's loads behind the previous row's stores) was
-  // ~16 % of this GEMM's time at M = 256 on Zen 4 under perf, most of it waiting on the loads.
-  static void pack_panel(const Weight& W, int64_t n0, int nr, int64_t g0, int64_t ng, uint32_t* dst) {
-    const int64_t K = W.cols();
-    const uint8_t* base = static_cast<const uint8_t*>(W.data) + n0 * (K / 2) + g0 * 32;
-    pack_panel_z(nr, ng * 16, dst, [&](int j, int64_t q, int) {  // ng · 16 is a multiple of 16
-      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * (K / 2) + q * 2)));
-      const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi16(0x0f));
-      return _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_srli_epi16(w, 4), 8));  // byte 2b = element 2b
-    });
-  }
-
-static __mmask16 lanes(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
-
-// c[R×32] = (acc ? c : 0) + Σ_g (s[g] · A_g + o[g] · xs[r][g]) over ng groups; when `sx` is set
-// (last slice) then c = c · sx[r] + bias. a: sliver-packed units [ng·16][kMR]; b: panel
-// [ng·16][32]; s, o: [ng][32]; xs: row r's group sums at xs + r·ldxs.
-template <int R>
-__attribute__((noinline)) static void tile(const uint32_t* a, const uint32_t* b, int64_t ng, const float* s, const float* o,
-                                    const float* xs, int64_t ldxs, float* c, int64_t ldc, bool acc, int cols,
-                                    const float* sx, const float* bias) {
-  const __mmask16 k0 = lanes(cols), k1 = lanes(cols - 16);
-#define KW_DECL(r)                                                   \
-  __m512 f##r##_0 = _mm512_setzero_ps(), f##r##_1 = _mm512_setzero_ps(); \
-  if (R > r && acc) {                                                \
-    f##r##_0 = _mm512_maskz_loadu_ps(k0, c + r * ldc);               \
-    f##r##_1 = _mm512_maskz_loadu_ps(k1, c + r * ldc + 16);          \
-  }
+// y[rows × NC] (rows ldy apart) for a 32-row block a [K/4][32] and NC unpacked weight rows at
+// w + j·ldw. Per group g and row j: s, o at s[g·lds + j], o[g·lds + j], the int32 start at
+// nsum[g·lds + j] (group-major: one pointer per array reaches the tile's rows by constant
+// offsets; row-major, GCC spilled the 18 addresses to the stack); the block's group sums xs
+// [G][32] and row scales sx [32].
+// noinline: inlined into the driver, GCC kept stack copies of accumulators in the int8 kernels.
+template <int NC>
+__attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds,
+                                    const float* s, const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf,
+                                    const float* sx, const float* bias, float* y, int64_t ldy, int rows) {
+  // Two row pointers and the strides 1·ldw, 2·ldw reach the 6 rows by addressing modes.
+  const uint8_t* w0 = w;
+  const uint8_t* w3 = w + 3 * ldw;
+  const int64_t l2 = 2 * ldw;
+#define KW_DECL(j) __m512 f##j##_0 = _mm512_setzero_ps(), f##j##_1 = _mm512_setzero_ps();
   KW_DECL(0) KW_DECL(1) KW_DECL(2) KW_DECL(3) KW_DECL(4) KW_DECL(5)
 #undef KW_DECL
-  for (int64_t g = 0; g < ng; ++g) {
-#define KW_IDECL(r) __m512i i##r##_0 = _mm512_setzero_si512(), i##r##_1 = _mm512_setzero_si512();
-    KW_IDECL(0) KW_IDECL(1) KW_IDECL(2) KW_IDECL(3) KW_IDECL(4) KW_IDECL(5)
-#undef KW_IDECL
-    // Fully unrolled: with GCC's default unroll by 2 the 12 accumulators rotated through
-    // registers with a vmovdqa64 per vpdpbusd (seen in perf annotate), ~1/3 of the issue slots.
+  for (int64_t g = 0; g < G; ++g) {
+    pf->step();
+#define KW_INIT(j) \
+  __m512i c##j##_0 = _mm512_setzero_si512(), c##j##_1 = c##j##_0; \
+  if constexpr (NC > j) c##j##_0 = c##j##_1 = _mm512_set1_epi32(nsum[j]);
+    KW_INIT(0) KW_INIT(1) KW_INIT(2) KW_INIT(3) KW_INIT(4) KW_INIT(5)
+#undef KW_INIT
+#define KW_COL(j, p, off)                               \
+  if constexpr (NC > j) {                               \
+    int32_t u;                                          \
+    std::memcpy(&u, p + off, 4);                        \
+    const __m512i bv = _mm512_set1_epi32(u);            \
+    c##j##_0 = _mm512_dpbusd_epi32(c##j##_0, a0, bv);   \
+    c##j##_1 = _mm512_dpbusd_epi32(c##j##_1, a1, bv);   \
+  }
+    // Fully unrolled (as the packing kernel's: with GCC's unroll by 2 the accumulators rotated
+    // through registers with a move per vpdpbusd).
 #pragma GCC unroll 16
     for (int q = 0; q < 16; ++q) {
-      const __m512i b0 = _mm512_loadu_si512(b), b1 = _mm512_loadu_si512(b + 16);
-#define KW_ROW(r)                                                          \
-  if constexpr (R > r) {                                                   \
-    const __m512i av = _mm512_set1_epi32(static_cast<int>(a[q * kMR + r])); \
-    i##r##_0 = _mm512_dpbusd_epi32(i##r##_0, b0, av);                      \
-    i##r##_1 = _mm512_dpbusd_epi32(i##r##_1, b1, av);                      \
-  }
-      KW_ROW(0) KW_ROW(1) KW_ROW(2) KW_ROW(3) KW_ROW(4) KW_ROW(5)
-#undef KW_ROW
-      b += kNR;
+      _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR + 16), _MM_HINT_T0);
+      const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 16);
+      KW_COL(0, w0, 0) KW_COL(1, w0, ldw) KW_COL(2, w0, l2)
+      KW_COL(3, w3, 0) KW_COL(4, w3, ldw) KW_COL(5, w3, l2)
+      a += kMR;
+      w0 += 4, w3 += 4;
     }
-    a += 16 * kMR;
-    const __m512 s0 = _mm512_loadu_ps(s + g * kNR), s1 = _mm512_loadu_ps(s + g * kNR + 16);
-    const __m512 o0 = _mm512_loadu_ps(o + g * kNR), o1 = _mm512_loadu_ps(o + g * kNR + 16);
-#define KW_FOLD(r)                                                    \
-  if constexpr (R > r) {                                              \
-    const __m512 xv = _mm512_set1_ps(xs[r * ldxs + g]);               \
-    f##r##_0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##r##_0), s0, f##r##_0); \
-    f##r##_1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##r##_1), s1, f##r##_1); \
-    f##r##_0 = _mm512_fmadd_ps(xv, o0, f##r##_0);                     \
-    f##r##_1 = _mm512_fmadd_ps(xv, o1, f##r##_1);                     \
+#undef KW_COL
+    const __m512 x0 = _mm512_loadu_ps(xs + g * kMR), x1 = _mm512_loadu_ps(xs + g * kMR + 16);
+#define KW_FOLD(j)                                                               \
+  if constexpr (NC > j) {                                                        \
+    const __m512 sv = _mm512_set1_ps(s[j]), ov = _mm512_set1_ps(o[j]);           \
+    f##j##_0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c##j##_0), sv, f##j##_0);      \
+    f##j##_1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c##j##_1), sv, f##j##_1);      \
+    f##j##_0 = _mm512_fmadd_ps(x0, ov, f##j##_0);                                \
+    f##j##_1 = _mm512_fmadd_ps(x1, ov, f##j##_1);                                \
   }
     KW_FOLD(0) KW_FOLD(1) KW_FOLD(2) KW_FOLD(3) KW_FOLD(4) KW_FOLD(5)
 #undef KW_FOLD
+    s += lds, o += lds, nsum += lds;
   }
-  const __m512 bb0 = bias ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
-  const __m512 bb1 = bias ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
-#define KW_STORE(r)                                                          \
-  if constexpr (R > r) {                                                     \
-    if (sx) {                                                                \
-      const __m512 sv = _mm512_set1_ps(sx[r]);                               \
-      f##r##_0 = _mm512_fmadd_ps(f##r##_0, sv, bb0);                         \
-      f##r##_1 = _mm512_fmadd_ps(f##r##_1, sv, bb1);                         \
-    }                                                                        \
-    _mm512_mask_storeu_ps(c + r * ldc, k0, f##r##_0);                        \
-    _mm512_mask_storeu_ps(c + r * ldc + 16, k1, f##r##_1);                   \
+  // y = fma(f, s_x, bias) per column (lanes = rows), then 16 × 16 transposes into rows of y.
+  __m512i r[2][16];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 16; ++j) r[h][j] = _mm512_setzero_si512();
+  const __m512 sx0 = _mm512_loadu_ps(sx), sx1 = _mm512_loadu_ps(sx + 16);
+#define KW_OUT(j)                                                                           \
+  if constexpr (NC > j) {                                                                   \
+    const __m512 bv = _mm512_set1_ps(bias ? bias[j] : 0.0f);                                \
+    r[0][j] = _mm512_castps_si512(_mm512_fmadd_ps(f##j##_0, sx0, bv));                      \
+    r[1][j] = _mm512_castps_si512(_mm512_fmadd_ps(f##j##_1, sx1, bv));                      \
   }
-  KW_STORE(0) KW_STORE(1) KW_STORE(2) KW_STORE(3) KW_STORE(4) KW_STORE(5)
-#undef KW_STORE
+  KW_OUT(0) KW_OUT(1) KW_OUT(2) KW_OUT(3) KW_OUT(4) KW_OUT(5)
+#undef KW_OUT
+  const __mmask16 cm = col_mask(NC);
+  for (int h = 0; h < 2 && h * 16 < rows; ++h) {
+    transpose16x16_epi32(r[h]);
+    const int n = std::min(16, rows - h * 16);
+    for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy, cm, _mm512_castsi512_ps(r[h][i]));
+  }
 }
+
+void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds, const float* s,
+               const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf, const float* sx, const float* bias, float* y,
+               int64_t ldy, int rows) {
+  switch (nc) {
+#define KW_CASE(n) \
+  case n: tile<n>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows); break;
+    KW_CASE(6) KW_CASE(5) KW_CASE(4) KW_CASE(3) KW_CASE(2)
+#undef KW_CASE
+    default: tile<1>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows); break;
+  }
+}
+
+// Rows [r0, r0 + n) of W unpacked: nibbles → bytes wu[j·ldw + k] in element order, and per group
+// and row nsum[g·lds + j] = −128 · Σ of its 64 nibbles, s and o as float [g][lds] (row scratch
+// t: 2·G floats).
+void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ldw, int64_t lds, int32_t* nsum,
+                 float* s, float* o, float* t) {
+  const int64_t K = W.cols(), G = K / 64;
+  const __m512i lo_mask = _mm512_set1_epi16(0x0f), zero = _mm512_setzero_si512();
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2);
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + g * 32)));
+      // u16 lane b holds element 2b in its low byte and 2b + 1 in its high byte.
+      const __m512i e = _mm512_or_si512(_mm512_and_si512(v, lo_mask), _mm512_slli_epi16(_mm512_srli_epi16(v, 4), 8));
+      _mm512_storeu_si512(wu + j * ldw + g * 64, e);
+      nsum[g * lds + j] = -128 * static_cast<int32_t>(_mm512_reduce_add_epi64(_mm512_sad_epu8(e, zero)));
+    }
+    scales_to_f32(W.scales, W.scale_dtype, (r0 + j) * G, G, t);
+    scales_to_f32(W.offsets, W.scale_dtype, (r0 + j) * G, G, t + G);
+    for (int64_t g = 0; g < G; ++g) s[g * lds + j] = t[g], o[g * lds + j] = t[G + g];
+  }
+}
+
+struct Act {
+  const uint32_t* qa;  // [blocks][K/4][32] u8 = q + 128
+  const float* xs;     // [blocks][G][32] group sums of q (0 for pad rows)
+  const float* sx;     // [blocks · 32] row scales (0 for pad rows)
 };
+
+// y[m0:m1, n0:n1] (m0 % kMR == 0).
+void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, int64_t n0, int64_t n1,
+           const float* bias, float* y, int64_t ldy) {
+  const int64_t G = K / 64, KQ = K / 4;
+  // At a stride that is a multiple of 2 KB the tile's 6 row streams share L1 sets (as in
+  // gemm_int8_direct.h); one more line apart they do not.
+  const int64_t ldw = K % 2048 == 0 ? K + 64 : K;
+  const int64_t SL = std::clamp<int64_t>(int8_direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
+  static thread_local UnitScratch wu_buf, nsum_buf, so_buf;
+  uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
+  int32_t* nsum = nsum_buf.get<int32_t>(SL * G);  // [G][SL], as s and o
+  float* s = so_buf.get<float>(2 * SL * G + 2 * G);
+  float* o = s + SL * G;
+  float* t = o + SL * G;
+  for (int64_t sb = n0; sb < n1; sb += SL) {
+    const int64_t sn = std::min(SL, n1 - sb);
+    unpack_slab(W, sb, sn, wu, ldw, SL, nsum, s, o, t);
+    // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group.
+    const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
+    const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNC - 1) / kNC);
+    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (sb + SL) * (K / 2);
+    SlicePrefetch pf(next > 0 ? nsrc : static_cast<const uint8_t*>(W.data), K / 2, next, K / 2, tiles * G);
+    for (int64_t m = m0; m < m1; m += kMR) {
+      const int64_t b = m / kMR;
+      for (int64_t nb = 0; nb < sn; nb += kNC)
+        tile_cols(static_cast<int>(std::min<int64_t>(kNC, sn - nb)), act.qa + b * KQ * kMR, wu + nb * ldw, ldw, G, SL,
+                  s + nb, o + nb, nsum + nb, act.xs + b * G * kMR, &pf, act.sx + m,
+                  bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy,
+                  static_cast<int>(std::min<int64_t>(kMR, m1 - m)));
+    }
+  }
+}
 
 }  // namespace
 
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  w4a8_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  const int64_t KQ = K / 4, G = K / 64, blocks = (M + kMR - 1) / kMR;  // K % 64 == 0 (Q4_G64)
+  // Reused between calls (grow-only, as the W8A8 kernel's).
+  static thread_local UnitScratch qa_buf, xs_buf, sx_buf;
+  uint32_t* qa = qa_buf.get<uint32_t>(blocks * KQ * kMR);
+  float* xs = xs_buf.get<float>(blocks * G * kMR);
+  float* sx = sx_buf.get<float>(blocks * kMR);
+  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    static thread_local UnitScratch rows_buf;
+    uint8_t* rows = rows_buf.get<uint8_t>(kMR * K);
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t b = b0; b < b1; ++b) {
+      const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
+      float* xb = xs + b * G * kMR;
+      for (int r = 0; r < kMR; ++r) {
+        if (r >= n) {
+          sx[b * kMR + r] = 0.0f;
+          for (int64_t g = 0; g < G; ++g) xb[g * kMR + r] = 0.0f;
+          continue;
+        }
+        uint8_t* q = rows + r * K;
+        quantize_row_int8_z(x + (b * kMR + r) * ldx, K, K, q, &sx[b * kMR + r], 0x80);
+        for (int64_t g = 0; g < G; ++g) {  // Σ (q + 128) over 64 bytes, less 64 · 128
+          const __m512i v = _mm512_loadu_si512(q + g * 64);
+          xb[g * kMR + r] = static_cast<float>(_mm512_reduce_add_epi64(_mm512_sad_epu8(v, zero)) - 64 * 128);
+        }
+      }
+      pack_units_z(rows, K, n, 0, KQ, qa + b * KQ * kMR);
+    }
+  });
+  const Act act{qa, xs, sx};
+  split_gemm(M, W.rows(), kMR, kNC, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    block(act, m0, m1, K, W, n0, n1, bias_f32, y, ldy);  // m0 % kMR == 0
+  });
 }
 
 }  // namespace klein::kernels::avx512vnni

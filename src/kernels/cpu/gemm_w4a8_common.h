@@ -1,5 +1,6 @@
-// The W4A8 GEMM driver shared by the Q4_G64 kernels (gemm_w4a8_avx512vnni.cpp,
-// gemm_w4a8_avx2.cpp); arithmetic: ref::linear_w4a8 with float32 sums.
+// The packing W4A8 GEMM driver of the AVX2 Q4_G64 kernel (gemm_w4a8_avx2.cpp); arithmetic:
+// ref::linear_w4a8 with float32 sums. (The AVX-512 VNNI kernel reads the weight rows in order
+// and needs no panels: gemm_w4a8_avx512vnni.cpp. It performs the same float32 steps.)
 //
 //   1. x is quantized per row as the W8A8 kernels do (gemm_int8_common.h's quantize_row_avx2:
 //      signed int8, no +128 shift) into MR-row slivers of 4-byte units, and each row's per-group
@@ -13,8 +14,8 @@
 //      this order per output, so all ISAs give the same bits (the tests hold them to the double
 //      reference within 1e-5 relative).
 //
-// Nibbles are unsigned and the activations signed, which is the operand order of both vpdpbusd
-// (VNNI) and vpmaddubsw (AVX2), so neither needs a shift or a column-sum correction.
+// Nibbles are unsigned and the activations signed, which is vpmaddubsw's operand order, so no
+// shift or column-sum correction is needed.
 //
 // Include ONLY from the W4A8 SIMD files (all have at least AVX2): internal linkage throughout.
 #pragma once
@@ -36,8 +37,8 @@ namespace klein::kernels {
 namespace {
 
 // The panel's scales and offsets per group (s, o [ng][NR]; zero for the padded columns j ≥ nr),
-// a row's ng values at a time (a call per value showed as ~5 % of the VNNI GEMM's samples at
-// K = 12288 under perf).
+// a row's ng values at a time (a call per value showed as ~5 % of the then packing VNNI GEMM's
+// samples at K = 12288 under perf).
 template <int NR>
 void pack_q4_scales(const Weight& W, int64_t n0, int nr, int64_t g0, int64_t ng, float* s, float* o) {
   const int64_t G = W.cols() / 64;
@@ -85,15 +86,6 @@ void tile_rows(int rows, Args... args) {
   UK::template tile<R>(args...);
 }
 
-// Rows of x per block over which a panel is reused (a multiple of UK::kMR): UK::kMB, or
-// effectively unbounded for kernels that keep the sliver loop outside the panel loop.
-// (The AVX-512 VNNI kernel keeps that order: the blocking was measured on AVX2 only.)
-template <class UK>
-constexpr int64_t panel_block_rows() {
-  if constexpr (requires { UK::kMB; }) return UK::kMB;
-  else return INT64_MAX / 2;
-}
-
 // y[m0:m1, n0:n1] (m0 % MR == 0). qa: sliver-packed int8 units; sx: row scales; xs: [M][G].
 template <class UK>
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0, int64_t m1, int64_t K,
@@ -108,23 +100,16 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xs, int64_t m0
     const int64_t ncn = std::min(NC, n1 - nc0), np = (ncn + NR - 1) / NR;
     for (int64_t g0 = 0; g0 < G; g0 += KG) {
       const int64_t ng = std::min(KG, G - g0);
-      for (int64_t p = 0; p < np; ++p) {
-        const int nr = static_cast<int>(std::min<int64_t>(NR, ncn - p * NR));
-        float* ps = sp + p * 2 * ng * NR;
-        if constexpr (requires { UK::pack_panel(W, n0, nr, g0, ng, bp); }) {
-          UK::pack_panel(W, nc0 + p * NR, nr, g0, ng, bp + p * ng * 16 * NR);  // the kernel's own (wider) pack
-          pack_q4_scales<NR>(W, nc0 + p * NR, nr, g0, ng, ps, ps + ng * NR);
-        } else {
-          pack_q4_panel<NR, KG>(W, nc0 + p * NR, nr, g0, ng, bp + p * ng * 16 * NR, ps, ps + ng * NR);
-        }
-      }
+      for (int64_t p = 0; p < np; ++p)
+        pack_q4_panel<NR, KG>(W, nc0 + p * NR, static_cast<int>(std::min<int64_t>(NR, ncn - p * NR)), g0, ng,
+                              bp + p * ng * 16 * NR, sp + p * 2 * ng * NR, sp + p * 2 * ng * NR + ng * NR);
       const bool acc = g0 > 0, last = g0 + ng == G;
       // The next slice's nibbles (32 bytes per group per row), fetched while this one computes.
       SlicePrefetch pf(static_cast<const uint8_t*>(W.data) + nc0 * (K / 2) + (g0 + ng) * 32, K / 2, ncn,
                        std::min(KG, G - (g0 + ng)) * 32, (m1 - m0 + MR - 1) / MR);
-      // Rows in blocks of MB (UK::kMB where the kernel sets one, else all): per block, each panel
-      // stays in L1 while the block's slivers pass over it.
-      constexpr int64_t MB = panel_block_rows<UK>();
+      // Rows in blocks of UK::kMB (a multiple of MR): per block, each panel stays in L1 while the
+      // block's slivers pass over it.
+      constexpr int64_t MB = UK::kMB;
       for (int64_t mb = m0; mb < m1; mb += MB) {
         const int64_t me = std::min(m1, mb + MB);
         for (int64_t m = mb; m < me; m += MR) pf.step();
