@@ -214,18 +214,22 @@ void zukernel_taps_rows(int rows, const typename Op::A* a, int64_t lda, const ui
   }
 }
 
-// r[i] ← column i of the 16×16 matrix of 32-bit lanes whose row i is r[i], in four vpermt2d
-// stages: at scale s, rows i and i + s swap their off-diagonal s-lane blocks.
-inline void transpose16x16_epi32(__m512i r[16]) {
+// Transposes of 32-bit lanes by vpermt2d stages: at scale s, rows i and i + s swap their
+// off-diagonal s-lane blocks. N = 16: r[i] ← column i of the 16×16 matrix whose row i is r[i]
+// (four stages). N = 8: the last three stages on 8 rows, within each half of 8 lanes — r[j]
+// holds column j of lanes 0..7 in its low half and column j of lanes 8..15 in its high half.
+template <int N>
+inline void transpose_epi32(__m512i r[N]) {
+  static_assert(N == 8 || N == 16);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int sc = 8; sc >= 1; sc /= 2) {
+  for (int sc = N / 2; sc >= 1; sc /= 2) {
     const __m512i hi = _mm512_and_si512(lane, _mm512_set1_epi32(sc));  // lanes with bit sc set
     const __mmask16 up = _mm512_test_epi32_mask(hi, hi);
     // top: l < s in block → r_i[l], else r_j[l − s]; bottom: l < s → r_i[l + s], else r_j[l].
     const __m512i it = _mm512_mask_add_epi32(lane, up, lane, _mm512_set1_epi32(16 - sc));
     const __m512i ib = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(sc)), up, lane,
                                              _mm512_set1_epi32(16));
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < N; ++i) {
       if (i & sc) continue;
       const __m512i a = r[i], b = r[i + sc];
       r[i] = _mm512_permutex2var_epi32(a, it, b);
@@ -233,6 +237,7 @@ inline void transpose16x16_epi32(__m512i r[16]) {
     }
   }
 }
+inline void transpose16x16_epi32(__m512i r[16]) { transpose_epi32<16>(r); }
 
 // A 32-column panel (gemm_units.h) by zmm transposes: dst[q·32 + j] = unit q of row j (zero for
 // j ≥ nr), where load(j, q, nu) returns row j's units q .. q + 15 as a zmm (those past nu zero;
@@ -254,6 +259,41 @@ inline void pack_panel_z(int nr, int64_t nq, uint32_t* dst, const Load& load) {
 inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int64_t nq, uint32_t* dst) {
   pack_panel_z(nr, nq, dst, [&](int j, int64_t q, int nu) {
     return _mm512_maskz_loadu_epi32(col_mask(nu), src + j * ld + (q0 + q) * 4);
+  });
+}
+
+// x quantized for the W4A8 kernels whose tiles take 32-row blocks of activations (AVX512_VNNI,
+// AMX): each row as ref::quantize_row_int8's bytes xor `offset` (0x80: u8 = q + 128, vpdpbusd's
+// unsigned operand; 0: s8 as tdpbusd takes it), stored per block as [K/4][32] 4-byte units in
+// qa [blocks][K/4][32]; the rows' group sums X_g = Σ q (exact as float: |X_g| ≤ 64 · 127) in
+// xs [blocks][G][32] and their scales in sx [blocks · 32], both 0 for the pad rows. K % 64 == 0.
+inline void quantize_w4a8_blocks_z(const float* x, int64_t M, int64_t K, int64_t ldx, uint8_t offset,
+                                   ThreadPool& pool, uint32_t* qa, float* xs, float* sx) {
+  constexpr int kB = 32;
+  const int64_t KU = K / 4, G = K / 64, blocks = (M + kB - 1) / kB;
+  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
+    static thread_local UnitScratch rows_buf;
+    uint8_t* rows = rows_buf.get<uint8_t>(kB * K);
+    // Σ q over 64 bytes = Σ (q + 128) − 64 · 128, the biased bytes summed by vpsadbw.
+    const __m512i to_biased = _mm512_set1_epi8(static_cast<char>(offset ^ 0x80)), zero = _mm512_setzero_si512();
+    for (int64_t b = b0; b < b1; ++b) {
+      const int n = static_cast<int>(std::min<int64_t>(kB, M - b * kB));
+      float* xb = xs + b * G * kB;
+      for (int r = 0; r < kB; ++r) {
+        if (r >= n) {
+          sx[b * kB + r] = 0.0f;
+          for (int64_t g = 0; g < G; ++g) xb[g * kB + r] = 0.0f;
+          continue;
+        }
+        uint8_t* q = rows + r * K;
+        quantize_row_int8_z(x + (b * kB + r) * ldx, K, K, q, &sx[b * kB + r], offset);
+        for (int64_t g = 0; g < G; ++g) {
+          const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(q + g * 64), to_biased);
+          xb[g * kB + r] = static_cast<float>(_mm512_reduce_add_epi64(_mm512_sad_epu8(v, zero)) - 64 * 128);
+        }
+      }
+      pack_units_z(rows, K, n, 0, KU, qa + b * KU * kB);
+    }
   });
 }
 

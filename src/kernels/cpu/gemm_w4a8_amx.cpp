@@ -164,31 +164,8 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   uint32_t* qa = qa_buf.get<uint32_t>(blocks * KU * kMR);  // [blocks][KU][32] int8 units
   float* sx = sx_buf.get<float>(blocks * kMR);              // row scales (0 for pad rows)
   float* xt = xt_buf.get<float>(blocks * G * kMR);          // [blocks][G][32] group sums of q
-  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    static thread_local UnitScratch rows_buf;
-    uint8_t* rows = rows_buf.get<uint8_t>(kMR * K);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
-      float* xg = xt + b * G * kMR;
-      for (int r = 0; r < kMR; ++r) {
-        if (r >= n) {
-          sx[b * kMR + r] = 0.0f;
-          for (int64_t g = 0; g < G; ++g) xg[g * kMR + r] = 0.0f;
-          continue;
-        }
-        uint8_t* q = rows + r * K;
-        quantize_row_int8_z(x + (b * kMR + r) * ldx, K, K, q, &sx[b * kMR + r], 0);
-        for (int64_t g = 0; g < G; ++g) {  // Σ q over the group: exact in int32, then float
-          const __m512i v = _mm512_loadu_si512(q + g * 64);
-          const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v));
-          const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v, 1));
-          const __m512i w = _mm512_madd_epi16(_mm512_add_epi16(lo, hi), _mm512_set1_epi16(1));
-          xg[g * kMR + r] = static_cast<float>(_mm512_reduce_add_epi32(w));
-        }
-      }
-      pack_units_z(rows, K, n, 0, KU, qa + b * KU * kMR);
-    }
-  });
+  static_assert(kMR == 32, "quantize_w4a8_blocks_z writes 32-row blocks");
+  quantize_w4a8_blocks_z(x, M, K, ldx, 0, pool, qa, xt, sx);
   split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     w4a8_block(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy);
   });

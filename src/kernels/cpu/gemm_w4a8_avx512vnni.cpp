@@ -48,26 +48,6 @@ constexpr int64_t kItem = 384;    // columns per thread work item (a few slabs: 
 // (Prefetching the activations 32 units ahead into L1, as the W8A8 tile does, made no difference
 // here: 3 + 3 interleaved rounds, warm and --cold, one thread.)
 
-// r[j] ← lanes 0..7: column j of the 8 × 16 matrix whose row i is r[i] (i < 8), lanes 0..7;
-// lanes 8..15: the same for lanes 8..15 — transpose16x16_epi32's last three stages, within each
-// half of 8 lanes.
-inline void transpose8x16_epi32(__m512i r[8]) {
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int sc = 4; sc >= 1; sc /= 2) {
-    const __m512i bit = _mm512_and_si512(lane, _mm512_set1_epi32(sc));
-    const __mmask16 up = _mm512_test_epi32_mask(bit, bit);
-    const __m512i it = _mm512_mask_add_epi32(lane, up, lane, _mm512_set1_epi32(16 - sc));
-    const __m512i ib = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(sc)), up, lane,
-                                             _mm512_set1_epi32(16));
-    for (int i = 0; i < 8; ++i) {
-      if (i & sc) continue;
-      const __m512i a = r[i], b = r[i + sc];
-      r[i] = _mm512_permutex2var_epi32(a, it, b);
-      r[i + sc] = _mm512_permutex2var_epi32(a, ib, b);
-    }
-  }
-}
-
 // y[rows × NC] (rows ldy apart) for a 32-row block a [K/4][32] and NC unpacked weight rows at
 // w + j·ldw. Per group g and row j: s, o at s[g·lds + j], o[g·lds + j], the int32 start at
 // nsum[g·lds + j] (group-major: one pointer per array reaches the tile's rows by constant
@@ -141,7 +121,7 @@ __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t
 #undef KW_OUT
   const __mmask16 lo = col_mask(NC), hi = static_cast<__mmask16>(lo << 8);
   for (int h = 0; h < 2 && h * 16 < rows; ++h) {
-    transpose8x16_epi32(r[h]);
+    transpose_epi32<8>(r[h]);
     float* yh = y + h * 16 * ldy;
     for (int j = 0; j < 8; ++j) {
       if (h * 16 + j < rows) _mm512_mask_storeu_ps(yh + j * ldy, lo, _mm512_castsi512_ps(r[h][j]));
@@ -234,29 +214,7 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   uint32_t* qa = qa_buf.get<uint32_t>(blocks * KQ * kMR);
   float* xs = xs_buf.get<float>(blocks * G * kMR);
   float* sx = sx_buf.get<float>(blocks * kMR);
-  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    static thread_local UnitScratch rows_buf;
-    uint8_t* rows = rows_buf.get<uint8_t>(kMR * K);
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t b = b0; b < b1; ++b) {
-      const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
-      float* xb = xs + b * G * kMR;
-      for (int r = 0; r < kMR; ++r) {
-        if (r >= n) {
-          sx[b * kMR + r] = 0.0f;
-          for (int64_t g = 0; g < G; ++g) xb[g * kMR + r] = 0.0f;
-          continue;
-        }
-        uint8_t* q = rows + r * K;
-        quantize_row_int8_z(x + (b * kMR + r) * ldx, K, K, q, &sx[b * kMR + r], 0x80);
-        for (int64_t g = 0; g < G; ++g) {  // Σ (q + 128) over 64 bytes, less 64 · 128
-          const __m512i v = _mm512_loadu_si512(q + g * 64);
-          xb[g * kMR + r] = static_cast<float>(_mm512_reduce_add_epi64(_mm512_sad_epu8(v, zero)) - 64 * 128);
-        }
-      }
-      pack_units_z(rows, K, n, 0, KQ, qa + b * KQ * kMR);
-    }
-  });
+  quantize_w4a8_blocks_z(x, M, K, ldx, 0x80, pool, qa, xs, sx);
   const Act act{qa, xs, sx};
   split_gemm(M, W.rows(), kMR, kNC, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     block(act, m0, m1, K, W, n0, n1, bias_f32, y, ldy);  // m0 % kMR == 0
