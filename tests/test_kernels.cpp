@@ -506,7 +506,8 @@ TEST(KernelsAcrossIsas, W4A8GivesTheSameBitsOnEveryIsa) {
   ThreadPool pool(2);
   struct Shape3 { int64_t M, N, K, pad; };
   // K = 4096: the VNNI kernel's unpacked rows at a stride of one line more than K (2 KB
-  // multiples share L1 sets), and N = 520: work items of 132 columns, 3 slabs each (the next one prefetched) with a 1 MB L2.
+  // multiples share L1 sets); N = 520: work items of 132 columns, with a 1 MB L2 three slabs
+  // each (the next one prefetched).
   for (const Shape3 c : {Shape3{1, 70, 64, 0}, Shape3{13, 35, 640, 3}, Shape3{40, 300, 1088, 0}, Shape3{300, 64, 3072, 1},
                          Shape3{70, 520, 4096, 2}}) {
     const int64_t ldx = c.K + c.pad, ldy = c.N + c.pad;
