@@ -191,8 +191,8 @@ void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, i
     // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group.
     const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
     const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNC - 1) / kNC);
-    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (sb + SL) * (K / 2);
-    SlicePrefetch pf(next > 0 ? nsrc : static_cast<const uint8_t*>(W.data), K / 2, next, K / 2, tiles * G);
+    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (next > 0 ? (sb + SL) * (K / 2) : 0);
+    SlicePrefetch pf(nsrc, K / 2, next, K / 2, tiles * G);
     for (int64_t m = m0; m < m1; m += kMR) {
       const int64_t b = m / kMR;
       for (int64_t nb = 0; nb < sn; nb += kNC)
