@@ -84,7 +84,7 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
   const int64_t KU = (K + 1) / 2;
   // Rows lda units apart: a stride of a multiple of 2 KB would make zgemm copy every sliver
   // (gemm_avx512_common.h), so such rows get one more cache line.
-  const int64_t lda = (KU * 4) % 2048 == 0 ? KU + 16 : KU;
+  const int64_t lda = spread_stride(KU * 4) / 4;
   std::vector<uint16_t> xa(M * lda * 2);  // [M, lda] bf16 pairs of x
   pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {

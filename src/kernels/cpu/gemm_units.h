@@ -52,16 +52,20 @@ struct UnitScratch {
   }
 };
 
+// A row stride (bytes) for rows a micro-kernel streams several of at once: at a multiple of 2 KB
+// their lines map to one or two L1 sets, more rows than a set has ways, and they evict each
+// other; one cache line more spreads them over the sets.
+inline int64_t spread_stride(int64_t bytes) { return bytes % 2048 == 0 ? bytes + 64 : bytes; }
+
 // n rows of K bytes (K apart) as rows of Kp ≥ K bytes (K rounded up to the kernel's whole units):
 // the rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
 // whole units). Returns {rows, row stride}.
-// With `spread`, rows whose stride would be a multiple of 2 KB are copied too, to a stride of
-// one more cache line (see int8_direct_block).
+// With `spread`, rows whose stride would be a multiple of 2 KB are copied too, to spread_stride
+// (see int8_direct_block).
 inline std::pair<const uint8_t*, int64_t> unit_padded_rows(const uint8_t* src, int64_t K, int64_t Kp, int64_t n,
                                                            UnitScratch& buf, bool spread = false) {
-  const bool conflicting = spread && Kp % 2048 == 0;
-  if (K == Kp && !conflicting) return {src, K};
-  const int64_t ld = conflicting ? Kp + 64 : Kp;
+  const int64_t ld = spread ? spread_stride(Kp) : Kp;
+  if (K == Kp && ld == Kp) return {src, K};
   uint8_t* c = buf.get<uint8_t>(n * ld);
   for (int64_t j = 0; j < n; ++j) {
     std::memcpy(c + j * ld, src + j * K, K);

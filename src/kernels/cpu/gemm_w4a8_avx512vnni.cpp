@@ -175,9 +175,7 @@ struct Act {
 void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, int64_t n0, int64_t n1,
            const float* bias, float* y, int64_t ldy) {
   const int64_t G = K / 64, KQ = K / 4;
-  // At a stride that is a multiple of 2 KB the tile's 6 row streams share L1 sets (as in
-  // gemm_int8_direct.h); one more line apart they do not.
-  const int64_t ldw = K % 2048 == 0 ? K + 64 : K;
+  const int64_t ldw = spread_stride(K);  // the tile streams 6 rows at once
   const int64_t SL = std::clamp<int64_t>(int8_direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
   static thread_local UnitScratch wu_buf, nsum_buf, so_buf;
   uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
