@@ -262,6 +262,20 @@ inline void pack_units_z(const uint8_t* src, int64_t ld, int nr, int64_t q0, int
   });
 }
 
+// The VNNI yᵀ tiles' step for one weight column (gemm_int8_avx512vnni.cpp, gemm_w4a8_avx512vnni.cpp):
+// the 4-byte unit at p broadcast and multiplied into the column's two accumulators (32 rows of
+// activation units a0, a1). A template so that the AVX-512F files that include this header
+// without VNNI never compile it.
+template <class = void>
+__attribute__((always_inline)) inline void dpbusd_unit2(__m512i& c0, __m512i& c1, __m512i a0, __m512i a1,
+                                                        const uint8_t* p) {
+  int32_t u;
+  std::memcpy(&u, p, 4);
+  const __m512i bv = _mm512_set1_epi32(u);
+  c0 = _mm512_dpbusd_epi32(c0, a0, bv);
+  c1 = _mm512_dpbusd_epi32(c1, a1, bv);
+}
+
 // x quantized for the W4A8 kernels whose tiles take 32-row blocks of activations (AVX512_VNNI,
 // AMX): each row as ref::quantize_row_int8's bytes xor `offset` (0x80: u8 = q + 128, vpdpbusd's
 // unsigned operand; 0: s8 as tdpbusd takes it), stored per block as [K/4][32] 4-byte units in

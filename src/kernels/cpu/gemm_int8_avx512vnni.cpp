@@ -62,14 +62,8 @@ struct Vnni512 {
     KLEIN_V_DECL(0) KLEIN_V_DECL(1) KLEIN_V_DECL(2) KLEIN_V_DECL(3) KLEIN_V_DECL(4) KLEIN_V_DECL(5)
     KLEIN_V_DECL(6) KLEIN_V_DECL(7) KLEIN_V_DECL(8) KLEIN_V_DECL(9) KLEIN_V_DECL(10) KLEIN_V_DECL(11)
 #undef KLEIN_V_DECL
-#define KLEIN_V_COL(j, p, off)                                      \
-  if constexpr (NC > j) {                                           \
-    int32_t u;                                                      \
-    std::memcpy(&u, p + off, 4);                                    \
-    const __m512i bv = _mm512_set1_epi32(u);                        \
-    c##j##_0 = _mm512_dpbusd_epi32(c##j##_0, a0, bv);               \
-    c##j##_1 = _mm512_dpbusd_epi32(c##j##_1, a1, bv);               \
-  }
+#define KLEIN_V_COL(j, p, off) \
+  if constexpr (NC > j) dpbusd_unit2(c##j##_0, c##j##_1, a0, a1, p + off);
     auto step = [&] {
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR + 16), _MM_HINT_T0);

@@ -72,14 +72,8 @@ __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t
   if constexpr (NC > j) c##j##_0 = c##j##_1 = _mm512_set1_epi32(nsum[j]);
     KW_INIT(0) KW_INIT(1) KW_INIT(2) KW_INIT(3) KW_INIT(4) KW_INIT(5)
 #undef KW_INIT
-#define KW_COL(j, p, off)                               \
-  if constexpr (NC > j) {                               \
-    int32_t u;                                          \
-    std::memcpy(&u, p + off, 4);                        \
-    const __m512i bv = _mm512_set1_epi32(u);            \
-    c##j##_0 = _mm512_dpbusd_epi32(c##j##_0, a0, bv);   \
-    c##j##_1 = _mm512_dpbusd_epi32(c##j##_1, a1, bv);   \
-  }
+#define KW_COL(j, p, off) \
+  if constexpr (NC > j) dpbusd_unit2(c##j##_0, c##j##_1, a0, a1, p + off);
     // Fully unrolled (as the packing kernel's: with GCC's unroll by 2 the accumulators rotated
     // through registers with a move per vpdpbusd).
 #pragma GCC unroll 16
