@@ -72,6 +72,31 @@ TEST(Cli, EncodeWritesPromptEmbeds) {
   fs::remove_all(dir);
 }
 
+// `klein encode --precision fast` on a q8 folder runs the text encoder as generate --precision
+// fast does (W8A8): its embeddings equal generate's dumped ones exactly, and differ from the
+// float32 path's (so the option reaches the kernels).
+TEST(Cli, EncodePrecisionMatchesGenerate) {
+  auto dir = klein::testing::make_temp_dir("cli_enc_fast");
+  const std::string q8 = "'" + (dir / "q8").string() + "'";
+  auto r = run_cli("quantize -q --model " + model() + " --type q8 -o " + q8);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string prompt = " -q --prompt 'a cat' --threads 2 ";
+  r = run_cli("generate --model " + q8 + prompt + "-W 32 -H 32 --steps 1 --precision fast -o '" +
+              (dir / "g.png").string() + "' --dump '" + (dir / "d").string() + "' --dump-filter prompt_embeds");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("encode --model " + q8 + prompt + "--precision fast -o '" + (dir / "fast.npy").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("encode --model " + q8 + prompt + "-o '" + (dir / "fp32.npy").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("compare '" + (dir / "fast.npy").string() + "' '" + (dir / "d" / "prompt_embeds.npy").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("rel_l2       0.000e+00"), std::string::npos) << r.out;
+  r = run_cli("compare '" + (dir / "fast.npy").string() + "' '" + (dir / "fp32.npy").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("rel_l2       0.000e+00"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 // `klein decode` on the last step's dumped latents gives generate's own image, pixel for pixel
 // (the same VAE code on the same latents); forcing tiles changes nothing beyond rounding.
 TEST(Cli, DecodeReproducesGenerate) {

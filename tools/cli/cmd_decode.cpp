@@ -32,7 +32,7 @@ Command make_decode_command() {
         ->required();
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
-    s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx (default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are slower than float32)");
+    s->add_option("--isa", o->isa, kIsaHelp);
     s->add_option("--precision", o->precision,
                   "fp32: exact float32 arithmetic (default); fast: the dot-product kernels (bf16 convolutions and "
                   "attention where the CPU has AVX512_BF16 and they beat float32: not on Intel), else the "
@@ -73,9 +73,7 @@ Command make_decode_command() {
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();
-    cb.log = [](const std::string& m) {
-      std::fprintf(stderr, "%s%s\n", m.starts_with("memory plan:") ? "" : "warning: ", m.c_str());
-    };
+    cb.log = print_log;
     auto img = (*model)->decode(z, cb, {o->dump, o->dump_filter});
     progress.finish();
     if (!img.ok()) {

@@ -63,7 +63,7 @@ Command make_generate_command() {
     s->add_option("--memory", o->memory,
                   "low: one component in memory at a time (default); resident: keep all loaded")
         ->check(CLI::IsMember({"low", "resident"}));
-    s->add_option("--isa", o->isa, "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx (default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are slower than float32)");
+    s->add_option("--isa", o->isa, kIsaHelp);
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode/encode with the VAE in seamless tiles of N image pixels (a multiple of 8; same image, less "
                   "memory). Default: automatic, tiles only very large images")
@@ -136,9 +136,7 @@ Command make_generate_command() {
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();
-    cb.log = [](const std::string& m) {
-      std::fprintf(stderr, "%s%s\n", m.starts_with("memory plan:") ? "" : "warning: ", m.c_str());
-    };
+    cb.log = print_log;
     if (!o->preview.empty()) {
       // save_png writes a temporary file and renames it, so a viewer never sees a partial file.
       cb.preview = [o](int step, int total, const Image& img) {

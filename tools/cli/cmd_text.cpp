@@ -43,8 +43,9 @@ Command make_tokenize_command() {
 
 Command make_encode_command() {
   struct Opts {
-    std::string model, prompt, prompt_file, out, dump, dump_filter, backend = "auto";
+    std::string model, prompt, prompt_file, out, dump, dump_filter, isa, precision = "fp32", backend = "auto";
     int threads = 0, max_length = 512;
+    double max_memory = 0;
     bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
@@ -61,6 +62,18 @@ Command make_encode_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
+    s->add_option("--isa", o->isa, kIsaHelp);
+    // The same numbers as generate's text encode under the same --precision (so its embeddings
+    // can be given back with --prompt-embeds and give generate's own image).
+    s->add_option("--precision", o->precision,
+                  "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
+                  "kernels (as generate --precision fast: int8 W8A8 for Q8_ROW weights, W4A8 for Q4_G64, bf16 "
+                  "dot products for bf16 weights where the CPU has AVX512_BF16), on CUDA bf16 GEMMs")
+        ->check(CLI::IsMember({"fp32", "fast"}));
+    s->add_option("--max-memory", o->max_memory,
+                  "Memory budget in GiB: stream the text encoder block by block to stay under it, or fail at once "
+                  "with what it needs. Default: no budget")
+        ->check(CLI::Range(0.0, 1e6));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
@@ -71,12 +84,16 @@ Command make_encode_command() {
     if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
     LoadOptions lo;
     lo.threads = o->threads;
+    lo.isa = o->isa;
+    lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
+    lo.max_memory_gib = o->max_memory;
     lo.backend = parse_backend(o->backend);
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();
+    cb.log = print_log;
     EncodeOptions eo;
     eo.max_length = o->max_length;
     eo.dump = {o->dump, o->dump_filter};

@@ -14,6 +14,9 @@ namespace klein::cli {
 // Prints "klein: <message>" on stderr and returns the exit code for `s` (never 0).
 int fail(const Status& s);
 
+// Callbacks::log for the pipeline commands: the memory plan as is, anything else as a warning.
+void print_log(const std::string& message);
+
 // Writes a float32 C-order .npy (through a temporary file + rename, so never a partial file).
 Status write_npy_f32(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
 // --seed: decimal digits only, 0..2^64-1 (else an error naming --seed).
@@ -33,6 +36,12 @@ BackendKind parse_backend(const std::string& name);
 inline constexpr const char* kBackendHelp =
     "cpu, cuda (an NVIDIA GPU; builds configured with -DKLEIN_CUDA=ON) or auto (default: cuda when this build has it "
     "and a device is present, else cpu)";
+
+// --isa on the commands that run kernels.
+inline constexpr const char* kIsaHelp =
+    "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx "
+    "(default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are "
+    "slower than float32)";
 
 // "[1, 512, 7680]"
 std::string shape_text(const std::vector<int64_t>& shape);

@@ -9,6 +9,10 @@
 
 namespace klein::cli {
 
+void print_log(const std::string& m) {
+  std::fprintf(stderr, "%s%s\n", m.starts_with("memory plan:") ? "" : "warning: ", m.c_str());
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "klein: %s\n", s.to_string().c_str());
   switch (s.code()) {
