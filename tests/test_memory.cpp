@@ -137,6 +137,27 @@ TEST(MemoryPlan, TooSmallSaysWhatItNeeds) {
   EXPECT_EQ(m.find('\n'), std::string::npos);
 }
 
+// A prompt encoded on its own (Model::encode_prompt) needs only the text encoder's phase: 1 GiB
+// is far below the transformer's streamed phase but enough for the encoder streamed.
+TEST(MemoryPlan, EncodeOnlyCountsTheTextEncoder) {
+  MemoryNeeds n = synthetic();
+  n.encode_only = true;
+  auto p = plan_memory(n, kGiB);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->stream_te);
+  EXPECT_LE(p->peak(), kGiB);
+  EXPECT_EQ(p->denoise + p->decode, 0u);
+  EXPECT_EQ(p->summary().find("transformer"), std::string::npos) << p->summary();
+  auto whole = plan_memory(n, 6 * kGiB);  // 5 GiB of weights + activations fit: not streamed
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_FALSE(whole->stream_te);
+  auto small = plan_memory(n, 300 * kMiB);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), klein::Code::kOutOfMemory);
+  EXPECT_NE(small.status().message().find("(encode: text encoder weights"), std::string::npos)
+      << small.status().message();
+}
+
 TEST(MemoryPlan, ScratchBoundGrowsWithShapes) {
   klein::kernels::ScratchShape s;
   s.max_k = 12288;

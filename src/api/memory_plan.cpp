@@ -25,6 +25,9 @@ const std::function<void(MemoryPlan&)>& plan_adjuster() { return adjuster(); }
 uint64_t MemoryPlan::peak() const { return std::max({encode, denoise, decode}); }
 
 std::string MemoryPlan::summary() const {
+  if (encode_only)
+    return "memory plan: text encoder " + std::string(stream_te ? "streamed" : "whole") + "; estimated peak " +
+           gib(encode) + " GiB";
   std::string s = "memory plan: text encoder " + std::string(stream_te ? "streamed" : "whole") + ", transformer " +
                   (stream_dit ? "streamed" : "whole") + ", VAE " +
                   (vae_tile > 0 ? "tiles of " + std::to_string(vae_tile) + " px" : std::string("whole image")) +
@@ -55,13 +58,28 @@ Phases phases(const MemoryNeeds& n, bool st, bool sd) {
   p.denoise_detail = "transformer weights " + gib(resident(n.dit, sd)) + " + activations " + gib(n.dit_activations);
   if (n.resident) carried += left_over(n.dit, sd);
   p.vae_fixed = common + carried + n.vae_weights;
-  (void)p.encode_detail;
   return p;
+}
+
+// A prompt encoded on its own: the text encoder's phase is the whole request.
+Result<MemoryPlan> plan_encode(const MemoryNeeds& n, uint64_t budget) {
+  MemoryPlan plan;
+  plan.encode_only = true;
+  for (bool st : {false, true}) {
+    const Phases p = phases(n, st, true);
+    plan.stream_te = st;
+    plan.encode = p.encode;
+    if (plan.encode <= budget) return plan;
+  }
+  return Status{Code::kOutOfMemory, "--max-memory " + gib(budget) + ": this request needs at least " +
+                                        gib(plan.encode) + " GiB (encode: " + phases(n, true, true).encode_detail +
+                                        ", kernel scratch " + gib(n.scratch) + ", process " + gib(n.base) + " GiB)"};
 }
 
 }  // namespace
 
 Result<MemoryPlan> plan_memory(const MemoryNeeds& n, uint64_t budget) {
+  if (n.encode_only) return plan_encode(n, budget);
   // Tiles the planner tries, largest first; the tiled pass recomputes more halo per pixel as
   // tiles shrink, so the largest that fits is the fastest.
   std::vector<int64_t> tiles;

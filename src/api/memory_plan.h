@@ -32,12 +32,14 @@ struct MemoryNeeds {
   int64_t vae_forced_tile = 0;   // LoadOptions::vae_tile: > 0 forced, < 0 never tile, 0 planner's choice
   bool resident = false;         // MemoryPolicy::kResident: earlier phases' touched weights stay
   bool vae_during_denoise = false;  // editing: the VAE stays mapped from encoding to decoding
+  bool encode_only = false;      // Model::encode_prompt: no denoise or decode phase follows
 };
 
 struct MemoryPlan {
   bool stream_te = false, stream_dit = false;
   int64_t vae_tile = 0;          // 0: the whole image
   uint64_t vae_keep_bytes = 0;   // VaeTiling::keep_bytes
+  bool encode_only = false;      // MemoryNeeds::encode_only: denoise and decode are 0
   uint64_t encode = 0, denoise = 0, decode = 0;  // estimated peak of each phase
   uint64_t peak() const;
   std::string summary() const;   // one line

@@ -78,7 +78,7 @@ VaeTiling Model::Impl::vae_tiling() const {
 }
 
 Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
-                                 const std::function<void(const std::string&)>& log) {
+                                 const std::function<void(const std::string&)>& log, bool encode_only) {
   plan.reset();
   if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
   api::RequestShape r;
@@ -93,6 +93,7 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   n.base = api::process_rss_bytes() + (uint64_t{64} << 20);
   n.resident = options.memory == MemoryPolicy::kResident;
   n.vae_forced_tile = options.vae_tile;
+  n.encode_only = encode_only;
   KLEIN_ASSIGN_OR_RETURN(auto p, api::plan_memory(n, static_cast<uint64_t>(options.max_memory_gib * (1ull << 30))));
   if (api::plan_adjuster()) api::plan_adjuster()(p);
   if (log) log(p.summary());
@@ -307,7 +308,7 @@ Result<PromptEmbeddings> Model::encode_prompt(const std::string& prompt, const E
     Dumper dumper(options.dump.dir, options.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
-    KLEIN_RETURN_IF_ERROR(impl_->plan_request(16, 16, 0, cb.log));  // the encode phase is what counts
+    KLEIN_RETURN_IF_ERROR(impl_->plan_request(16, 16, 0, cb.log, /*encode_only=*/true));
     KLEIN_ASSIGN_OR_RETURN(auto enc, impl_->encode_prompt(prompt, options.max_length, ctx));
     KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
     PromptEmbeddings r;

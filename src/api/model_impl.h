@@ -53,7 +53,9 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   Result<std::shared_ptr<const Flux2Vae>> vae_model();
   // With a budget: plans a request of this size (or fails with what it needs) before any work;
   // the plan is noted through `log`. Without one: clears the plan.
-  Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log);
+  // encode_only: a prompt encoded on its own (Model::encode_prompt), the text encoder's phase alone.
+  Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log,
+                      bool encode_only = false);
   // The VAE's tiling from the load options (and the plan).
   VaeTiling vae_tiling() const;
 
