@@ -129,8 +129,16 @@ void split_gemm(int64_t M, int64_t N, int64_t mr, int64_t nr, int64_t nc, Thread
   if (nt == 1 || (panels < nt && M < 2 * mr * nt)) {
     block(0, M, 0, N);
   } else if (panels >= 8 * nt || M < 4 * mr * nt) {
-    const int64_t width = std::min<int64_t>(nc, (N + 2 * nt * nr - 1) / (2 * nt * nr) * nr);
-    const int64_t slabs = (N + width - 1) / width;
+    int64_t width = std::min<int64_t>(nc, (N + 2 * nt * nr - 1) / (2 * nt * nr) * nr);
+    int64_t slabs = (N + width - 1) / width;
+    // Width capped at nc, a slab count that is not a multiple of the threads leaves one thread a
+    // whole slab more at the end (2 threads, N = 2560, nc = 384: 7 slabs, 4 against 3); the
+    // count rounded up to a multiple instead, in narrower slabs.
+    if (slabs % nt) {
+      const int64_t want = (slabs + nt - 1) / nt * nt;
+      width = ((N + want - 1) / want + nr - 1) / nr * nr;
+      slabs = (N + width - 1) / width;
+    }
     std::atomic<int64_t> next{0};
     pool.run([&](int, int) {
       for (int64_t sl; (sl = next.fetch_add(1, std::memory_order_relaxed)) < slabs;)
