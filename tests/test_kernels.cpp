@@ -531,7 +531,8 @@ struct AttnCase {
   int64_t Sq, Sk;
   int Hq, Hkv, D;
   bool causal;
-  int valid_mode;  // 0: no key_valid, 1: random with key 0 invalid, 2: all invalid
+  int valid_mode;  // 0: no key_valid, 1: random with key 0 invalid, 2: all invalid, 3: a prefix
+                   // of ~Sk/9 valid keys, padding after (a padded prompt)
 };
 
 void check_attention(const kernels::KernelSet& set, const AttnCase& c, ThreadPool& pool, std::mt19937& rng,
@@ -559,6 +560,8 @@ void check_attention(const kernels::KernelSet& set, const AttnCase& c, ThreadPoo
     valid[0] = 0;  // with causal, query 0 then has no visible key
   } else if (c.valid_mode == 2) {
     std::fill(valid.begin(), valid.end(), 0);
+  } else if (c.valid_mode == 3) {
+    std::fill(valid.begin() + (c.Sk + 8) / 9, valid.end(), 0);
   }
   const kernels::AttnMask mask{c.causal, c.valid_mode ? valid.data() : nullptr};
   const int64_t ldo_r = ldo ? ldo : qw;
@@ -606,6 +609,9 @@ TEST_P(Kernels, AttentionMatchesRef) {
   check_attention(set, {250, 100, 2, 2, 128, false, 0}, pool, rng, true);
   ThreadPool pool1(1);
   check_attention(set, {100, 260, 4, 2, 64, false, 1}, pool1, rng, false);
+  // Padded prompts (the text encoder's mask): causal or not, the tail of keys never visible.
+  check_attention(set, {512, 512, 4, 1, 128, true, 3}, pool, rng, false);
+  check_attention(set, {300, 301, 2, 2, 24, false, 3}, pool, rng, true);
 }
 
 // The same cases under Precision::kFast: the bf16 kernel where the CPU has AVX512_BF16 (against
@@ -633,6 +639,10 @@ TEST_P(Kernels, AttentionFastMatchesItsRef) {
                   pool3, rng, true);
   check_attention(fast, {400, 130, 2, 1, 16, false, 1}, pool, rng, false);
   check_attention(fast, {250, 100, 2, 2, 128, false, 0}, pool3, rng, true);
+  // Padded prompts (the text encoder's mask): the keys past the last valid one are left out.
+  check_attention(fast, {512, 512, 4, 1, 128, true, 3}, pool, rng, false);  // 57 valid keys
+  check_attention(fast, {300, 301, 2, 2, 24, false, 3}, pool3, rng, true);  // 34
+  check_attention(fast, {70, 2 * kernels::ref::kAttnBf16KeyBlock + 45, 2, 1, 16, false, 3}, pool, rng, false);
 }
 
 TEST_P(Kernels, AttentionLargeScoresStayFinite) {

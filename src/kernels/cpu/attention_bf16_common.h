@@ -77,6 +77,7 @@ struct Args {
   int64_t bq;   // queries per task
   int64_t DU;   // D/2 rounded up, then to the products' unit multiple: units of a Q / K row
   int64_t SkP;  // Sk rounded up to whole 32-key panels
+  int64_t kv_end = 0;  // 1 + the last key that key_valid lets any query see (Sk without key_valid)
 };
 
 // One kv head's K and V as bf16 B panels (layouts above), keys past Sk and an odd D's last half
@@ -160,7 +161,10 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
   std::fill(b.o, b.o + nq * DP, 0.0f);
   std::fill(b.m, b.m + nq, kNegInf);
   std::fill(b.l, b.l + nq, 0.0f);
-  const int64_t kend = a.mask.causal ? std::min(a.Sk, i0 + nq) : a.Sk;
+  // Keys past kv_end are masked for every query: their scores would be -inf, their P exactly 0,
+  // so leaving them out changes no sum (the text encoder's 512 keys are mostly padding, and one
+  // key block spans them all).
+  const int64_t kend = std::min(a.kv_end, a.mask.causal ? std::min(a.Sk, i0 + nq) : a.Sk);
   for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
     const int64_t nk = std::min(kBK, kend - j0);
     if (a.mask.key_valid && std::all_of(a.mask.key_valid + j0, a.mask.key_valid + j0 + nk,
@@ -247,6 +251,9 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
   Args a{q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo, 0,
          ((D + 1) / 2 + Mm::kUnitAlign - 1) / Mm::kUnitAlign * Mm::kUnitAlign, (Sk + kZNR - 1) / kZNR * kZNR};
   a.bq = Mm::bq(mask.causal);
+  a.kv_end = Sk;
+  if (mask.key_valid)
+    while (a.kv_end > 0 && mask.key_valid[a.kv_end - 1] == 0) --a.kv_end;
   const int64_t DP = (D + kZNR - 1) / kZNR * kZNR;
   // Every kv head's panels at once (~4·Sk·D·Hkv bytes, half the size of K and V themselves), so
   // that the whole call is one packing pass and one task queue: per-head passes synchronised the
@@ -266,8 +273,10 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
       }
     });
   };
-  per_head(a.SkP / kZNR, [&](int64_t g, int64_t p0, int64_t p1) { pack_k(a, k + g * D, p0, p1, kp + g * kp_n); });
-  per_head(a.SkP / 2, [&](int64_t g, int64_t u0, int64_t u1) { pack_v(a, v + g * D, u0, u1, vp + g * vp_n); });
+  // Only the panels up to kv_end: the products never read past the 32-key panel holding it.
+  const int64_t kv_panels = (a.kv_end + kZNR - 1) / kZNR;
+  per_head(kv_panels, [&](int64_t g, int64_t p0, int64_t p1) { pack_k(a, k + g * D, p0, p1, kp + g * kp_n); });
+  per_head(kv_panels * kZNR / 2, [&](int64_t g, int64_t u0, int64_t u1) { pack_v(a, v + g * D, u0, u1, vp + g * vp_n); });
   const int group = Hq / Hkv;
   const int64_t nqb = (Sq + a.bq - 1) / a.bq, per_kv = nqb * group, tasks = per_kv * Hkv;
   std::atomic<int64_t> next{0};
