@@ -128,8 +128,10 @@ TEST(KernelRegistry, SelectionHonoursTheCeiling) {
 #if defined(KLEIN_X86)
   if (CpuFeatures::host().has(Isa::kAvx2)) {
     const Isa gemm = CpuFeatures::host().has(Isa::kAvx512) ? Isa::kAvx512 : Isa::kAvx2;
-    EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, gemm);
-    EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, gemm);
+    // The float32 GEMM: AVX2 also where 512-bit FMA is split in halves (zmm_fma_split, Zen 4).
+    const Isa linear = CpuFeatures::host().zmm_fma_split ? Isa::kAvx2 : gemm;
+    EXPECT_EQ(best.get(Op::kLinear, DType::kBF16).isa, linear);
+    EXPECT_EQ(best.get(Op::kLinear, DType::kQ8Row).isa, linear);
     EXPECT_EQ(best.get(Op::kAttention, DType::kF32).isa, Isa::kAvx2);
     EXPECT_EQ(best.get(Op::kConv2d, DType::kQ8Row).isa, gemm);
     // Under kFast the conv rounds to bf16 exactly where the CPU has AVX512_BF16 and its bf16 dot
@@ -180,7 +182,9 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
         EXPECT_TRUE(cpu->has(f.isa));
         for (const kernels::KernelEntry& e : kernels::kernel_table())
           if (e.op == op && e.format == fmt && cpu->has(e.isa) && static_cast<int>(e.isa) <= c &&
-              !(kernels::skips_bf16_dot(*cpu, static_cast<Isa>(c)) && e.isa == Isa::kAvx512Bf16)) {
+              !(kernels::skips_bf16_dot(*cpu, static_cast<Isa>(c)) && e.isa == Isa::kAvx512Bf16) &&
+              !(kernels::skips_zmm_gemm(*cpu, static_cast<Isa>(c)) && e.op == Op::kLinear && e.isa == Isa::kAvx512 &&
+                !e.fast)) {
             if (e.fast) EXPECT_TRUE(f.fast) << f.name;
             if (e.fast == f.fast) EXPECT_LE(e.isa, f.isa) << e.name << " beats " << f.name;
           }
@@ -203,6 +207,21 @@ TEST(KernelRegistry, PrecisionSelectsFastEntriesOnlyUnderFast) {
   EXPECT_EQ(KernelSet::select(avx2, Isa::kCount, kernels::Precision::kFast).get(Op::kConv2d, DType::kBF16).name,
             "conv2d_winograd_avx2");
   EXPECT_EQ(KernelSet::select(avx2, Isa::kCount).get(Op::kConv2d, DType::kBF16).name, "conv2d_avx2");
+  // Where a 512-bit FMA is two 256-bit halves (Zen 4), the automatic choice takes the AVX2
+  // float32 GEMM for every weight format under kFp32 (and keeps the AVX-512F convs and
+  // elementwise kernels and, under kFast, the dot-product kernels); naming the ISA gets the
+  // AVX-512F GEMM.
+  CpuFeatures zen4 = all;
+  zen4.zmm_fma_split = true;
+  const KernelSet e_zen4 = KernelSet::select(zen4, Isa::kCount);
+  for (DType fmt : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8Row, DType::kQ4G64})
+    EXPECT_EQ(e_zen4.get(Op::kLinear, fmt).name, "gemm_avx2") << dtype_name(fmt);
+  EXPECT_EQ(e_zen4.get(Op::kConv2d, DType::kBF16).name, "conv2d_avx512");
+  EXPECT_EQ(e_zen4.get(Op::kElementwise, DType::kF32).name, "eltwise_avx512");
+  EXPECT_EQ(KernelSet::select(zen4, Isa::kAvx512Bf16).get(Op::kLinear, DType::kBF16).name, "gemm_avx512");
+  const KernelSet f_zen4 = KernelSet::select(zen4, Isa::kCount, kernels::Precision::kFast);
+  EXPECT_EQ(f_zen4.get(Op::kLinear, DType::kBF16).name, "gemm_bf16_avx512bf16");
+  EXPECT_EQ(f_zen4.get(Op::kLinear, DType::kQ4G64).name, "gemm_w4a8_avx512vnni");
   // Where bf16 dot products are slower than float32 FMA (Intel), the automatic choice computes
   // float formats, attention and convs in float32 (the convs in the float32 Winograd form) and
   // keeps the int8 kernels; naming the ISA

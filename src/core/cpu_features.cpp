@@ -75,6 +75,10 @@ CpuFeatures detect() {
   __cpuid(0, max_leaf, vb, vc, vd);
   const bool intel = vb == 0x756e6547 && vd == 0x49656e69 && vc == 0x6c65746e;  // "Genu" "ineI" "ntel"
   f.bf16_dot_slow = f.avx512bf16 && intel;
+  const bool amd = vb == 0x68747541 && vd == 0x69746e65 && vc == 0x444d4163;  // "Auth" "enti" "cAMD"
+  const unsigned base_family = (a >> 8) & 0xf;
+  const unsigned family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+  f.zmm_fma_split = f.avx512f && amd && family == 0x19;
   return f;
 }
 #else

@@ -40,6 +40,12 @@ struct CpuFeatures {
   // FMA units), vdpbf16ps zmm 86 GFLOP/s per core against 176 for FMA zmm; AMD Zen 4 runs it at
   // twice its FMA rate (467 vs 231 GFLOP/s on 2 cores). Intel's fast bf16 path is AMX instead.
   bool bf16_dot_slow = false;
+  // A 512-bit FMA runs as two 256-bit halves (AMD Zen 4: family 19h with AVX-512), so zmm gives
+  // the float32 FMA peak of ymm (117.5 GFLOP/s per core either way, klein-bench_kernels), and
+  // there the AVX2 float32 GEMM out-runs the AVX-512F one (DiT shapes at M = 768, 2 threads:
+  // 87-92 % against 72-86 % of that peak; a 256² float32 denoising step 24.0-24.5 s against
+  // 27.4 s). The automatic kernel choice then takes the AVX2 float32 GEMM (KernelSet::select).
+  bool zmm_fma_split = false;
 
   // This CPU (cpuid, and the OS's xgetbv state for the wide registers). Cached.
   static const CpuFeatures& host();

@@ -70,6 +70,9 @@ std::string describe_cpu(const CpuFeatures& cpu, Isa max_isa) {
                "FMA on this CPU; --isa avx512_bf16 forces them)\n"
              : "bf16 dot products: not used by default (slower than float32 FMA on this CPU; --isa avx512_bf16 forces "
                "them)\n";
+  if (skips_zmm_gemm(cpu, max_isa))
+    s += "float32 GEMM: the AVX2 kernel by default (512-bit FMA runs as two 256-bit halves on this CPU, and the "
+         "AVX2 GEMM measured faster; --isa avx512 forces the AVX-512F one)\n";
   return s;
 }
 

@@ -128,6 +128,7 @@ bool precision_from_name(std::string_view s, Precision* out) {
 }
 
 bool skips_bf16_dot(const CpuFeatures& cpu, Isa max_isa) { return max_isa == Isa::kCount && cpu.bf16_dot_slow; }
+bool skips_zmm_gemm(const CpuFeatures& cpu, Isa max_isa) { return max_isa == Isa::kCount && cpu.zmm_fma_split; }
 
 KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision precision) {
   KernelSet s;
@@ -139,10 +140,11 @@ KernelSet KernelSet::select(const CpuFeatures& cpu, Isa max_isa, Precision preci
   // a fast entry beats every exact one whatever their ISAs: the arithmetic (W8A8 for Q8_ROW) is
   // what the caller chose and what a reference reproduces bit for bit, so it must not depend on
   // whether the CPU has, say, AVX-512F but not VNNI; among fast entries the highest ISA wins.
-  const bool skip_bf16_dot = skips_bf16_dot(cpu, max_isa);
+  const bool skip_bf16_dot = skips_bf16_dot(cpu, max_isa), skip_zmm_gemm = skips_zmm_gemm(cpu, max_isa);
   for (const KernelEntry& e : kernel_table()) {
     if (!cpu.has(e.isa) || e.isa > s.max_isa_) continue;
     if (skip_bf16_dot && e.isa == Isa::kAvx512Bf16) continue;
+    if (skip_zmm_gemm && e.op == Op::kLinear && e.isa == Isa::kAvx512 && !e.fast) continue;
     if (e.fast && precision != Precision::kFast) continue;
     const KernelEntry*& c = s.chosen_[static_cast<int>(e.op)][static_cast<int>(e.format)];
     if (!c || (e.fast && !c->fast) || (e.fast == c->fast && e.isa > c->isa)) c = &e;

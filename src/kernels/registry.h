@@ -63,12 +63,16 @@ std::span<const KernelEntry> kernel_table();
 // choice (max_isa = kCount) does, and only where CpuFeatures::bf16_dot_slow says float32 FMA
 // is faster; an explicit ceiling (`--isa avx512_bf16`, the tests) keeps them.
 bool skips_bf16_dot(const CpuFeatures& cpu, Isa max_isa);
+// Likewise for the AVX-512F float32 GEMM where CpuFeatures::zmm_fma_split says the AVX2 one is
+// faster: the automatic choice takes gemm_avx2 for the exact linear entries.
+bool skips_zmm_gemm(const CpuFeatures& cpu, Isa max_isa);
 
 // The chosen kernel per (op, format): the entry of the highest ISA that the CPU has and that is
 // ≤ max_isa, among the exact entries (kFp32), or under kFast among the fast entries when there is
 // one (their arithmetic is the caller's choice), else the exact ones. Every (op, format) the
 // engine computes has an exact kScalar entry, so selection never fails. The AVX512_BF16
-// entries are left out where skips_bf16_dot says so.
+// entries are left out where skips_bf16_dot says so, the AVX-512F float32 GEMM where
+// skips_zmm_gemm does.
 class KernelSet {
  public:
   static KernelSet select(const CpuFeatures& cpu, Isa max_isa = Isa::kCount,
