@@ -327,7 +327,7 @@ TEST_P(Kernels, LinearFastMatchesItsRef) {
 TEST_P(Kernels, LinearRowStridesOfWholeCacheSets) {
   // Activation rows a multiple of 2 KB apart (ldx = 512 or 1024 floats, also with K < ldx), and
   // under kFast K = 2048 / 4096: the AVX-512 GEMMs then copy the slivers or the weight slab to a
-  // stride of one more cache line (gemm_avx512_common.h, gemm_int8_direct.h) or pad the rows of
+  // stride of one more cache line (gemm_avx512_common.h, gemm_direct.h) or pad the rows of
   // their bf16 copy of x (gemm_avx512bf16.cpp). The copies must hold exactly the same operands.
   std::mt19937 rng(17);
   ThreadPool pool(2);
@@ -350,6 +350,9 @@ TEST_P(Kernels, LinearFastLargeShapes) {
   // L2, so 48 + 48 + 48 + 6 here, each prefetching the next) and a partial 32-row block.
   check_linear_fast(fast, DType::kQ8Row, 200, 150, 9216, true, 1, pool, rng);
   check_linear_fast(fast, DType::kBF16, 37, 530, 1100, true, 0, pool, rng);
+  // The AVX512_BF16 direct kernel's slabs at a long K: rows of 12 KB (a multiple of 2 KB: the
+  // slab is copied to a spread stride), 12-row slabs, 13 of them, two 32-row blocks and a part.
+  check_linear_fast(fast, DType::kBF16, 70, 150, 6144, true, 0, pool, rng);
   check_linear_fast(fast, DType::kQ4G64, 45, 530, 1088, true, 0, pool, rng);  // 17 groups: 3 K slices
   check_linear_fast(fast, DType::kQ4G64, 200, 40, 1024, false, 3, pool, rng);
   check_linear_fast(fast, DType::kF16, 200, 40, 521, false, 5, pool1, rng);

@@ -3,7 +3,7 @@
 // int8 tile by a 64 × 16 one (16 384 multiply-adds): measured on a Xeon, ~6 300 GOP/s per core
 // against ~790 for vpdpbusd zmm, and tdpbf16ps ~3 100 GFLOP/s, 29× vdpbf16ps.
 //
-// Design, as the VNNI direct driver (gemm_int8_direct.h): the weights are read where they lie and
+// Design, as the VNNI direct driver (gemm_direct.h): the weights are read where they lie and
 // the tiles compute yᵀ. A tile's A operand is 16 rows × 64 bytes with any row stride, which is
 // exactly 16 weight rows [N, K] in place (64 int8, or 32 bf16, of K each); its B operand wants
 // 4-byte units of K down its rows and 16 columns across — the activations, packed once per call

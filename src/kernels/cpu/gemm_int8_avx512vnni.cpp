@@ -1,11 +1,11 @@
-// AVX512_VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast), on gemm_int8_direct.h's driver:
+// AVX512_VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast), on gemm_direct.h's driver:
 // the weights are read in place, the tile is yᵀ. A tile is 32 rows × 12 columns: per 4-byte unit
 // of K, two zmm of activations (32 rows) and 12 broadcast weight units, 24 vpdpbusd into 24
 // accumulators (+ 2 activation vectors + 1 broadcast = 27 of the 32 registers); 14 loads per 24
 // vpdpbusd, within the two-per-cycle load ports. The epilogue rescales each column's two vectors
 // exactly as ref::linear_w8a8 and transposes them into rows of y.
 #include "kernels/cpu/gemm_avx512_common.h"
-#include "kernels/cpu/gemm_int8_direct.h"
+#include "kernels/cpu/gemm_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace klein::kernels::avx512vnni {
@@ -13,6 +13,7 @@ namespace {
 
 struct Vnni512 {
   static constexpr int kMR = 32, kNC = 12;
+  static constexpr int kElemBytes = 1;  // int8 weights (row sums and scales)
   // Activation units are prefetched into L1 this many units ahead: the block (32 · K bytes)
   // streams from L2 or L3 and its loads were the tile's main stall (perf). GEMM alone: 8 units
   // ~3 % faster than none, 16 or 32 ~4 %; 512² q8 denoise 2-4 % faster with 32 than with 16.
@@ -128,7 +129,7 @@ struct Vnni512 {
 
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  int8_direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avx512vnni

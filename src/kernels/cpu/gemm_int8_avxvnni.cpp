@@ -1,12 +1,12 @@
 // AVX-VNNI W8A8 GEMM for Q8_ROW weights (Precision::kFast): the VEX-encoded vpdpbusd on ymm
-// (CPUs with AVX-VNNI but no AVX-512, e.g. Alder Lake), on gemm_int8_direct.h's driver — the
+// (CPUs with AVX-VNNI but no AVX-512, e.g. Alder Lake), on gemm_direct.h's driver — the
 // weights are read in place and the tile is yᵀ, as in the AVX512_VNNI kernel. A tile is 16 rows
 // × 6 columns: per 4-byte unit of K, two ymm of activations and 6 broadcast weight units, 12
 // vpdpbusd into 12 accumulators (+ 2 activation vectors + 1 broadcast = 15 of the 16 registers).
 // Quantization is quantize_row_avx2 (gemm_int8_common.h); the epilogue rescales each column as
 // ref::linear_w8a8 and transposes 8 × 8 blocks into rows of y.
 #include "kernels/cpu/gemm_int8_common.h"
-#include "kernels/cpu/gemm_int8_direct.h"
+#include "kernels/cpu/gemm_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 
 namespace klein::kernels::avxvnni {
@@ -43,6 +43,7 @@ inline __m256i first_lanes(int n) {  // all-ones in the first n (0..8) 32-bit la
 
 struct Vnni256 {
   static constexpr int kMR = 16, kNC = 6;
+  static constexpr int kElemBytes = 1;  // int8 weights (row sums and scales)
   // Activation units prefetched into L1 this far ahead (as the AVX512_VNNI kernel).
   static constexpr int kAPf = 32;
 
@@ -169,7 +170,7 @@ struct Vnni256 {
 
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  int8_direct_linear<Vnni256>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  direct_linear<Vnni256>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avxvnni

@@ -1,6 +1,6 @@
 // The packing W8A8 GEMM driver of the AVX2 int8 kernel (gemm_int8_avx2.cpp) for Q8_ROW weights
 // (int8, one scale per row); quantize_row_avx2 is also the AVX-VNNI and W4A8 kernels'. (The VNNI
-// kernels read the weights in place: gemm_int8_direct.h.) The AVX2 kernel multiplies int16 pairs
+// kernels read the weights in place: gemm_direct.h.) The AVX2 kernel multiplies int16 pairs
 // (vpmaddwd), so both operands are widened from int8 on the way to it:
 //
 //   1. x is quantized per row exactly as ref::quantize_row_int8, Kp = K rounded up to 2 (zero

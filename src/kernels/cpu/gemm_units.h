@@ -61,7 +61,7 @@ inline int64_t spread_stride(int64_t bytes) { return bytes % 2048 == 0 ? bytes +
 // the rows themselves when Kp == K, else a copy in `buf` zero-padded to Kp (the int8 kernels read
 // whole units). Returns {rows, row stride}.
 // With `spread`, rows whose stride would be a multiple of 2 KB are copied too, to spread_stride
-// (see int8_direct_block).
+// (see direct_block).
 inline std::pair<const uint8_t*, int64_t> unit_padded_rows(const uint8_t* src, int64_t K, int64_t Kp, int64_t n,
                                                            UnitScratch& buf, bool spread = false) {
   const int64_t ld = spread ? spread_stride(Kp) : Kp;

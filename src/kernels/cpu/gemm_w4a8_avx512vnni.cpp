@@ -6,7 +6,7 @@
 // K slice of the weights into 32-column panels, reading 256-byte row segments at a stride of K/2
 // that the hardware prefetchers follow poorly. On Zen 4 at M = 256 that pack was ~13-16 % of the
 // GEMM's time under perf, most of it waiting on those loads, and in the pipeline (weights cold
-// from the mapped file) ~15 %. Here, as in the W8A8 kernel (gemm_int8_direct.h), the tile
+// from the mapped file) ~15 %. Here, as in the W8A8 kernel (gemm_direct.h), the tile
 // computes yᵀ: its vector lanes run along M and it broadcasts one 4-byte unit of a weight row —
 // 4 consecutive k of one output column — so the weights need no transpose, only their nibbles
 // spread to bytes, row after row (sequential reads), once per slab of rows that stays in L2.
@@ -34,7 +34,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm_avx512_common.h"
-#include "kernels/cpu/gemm_int8_direct.h"
+#include "kernels/cpu/gemm_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
 
@@ -170,7 +170,7 @@ void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, i
            const float* bias, float* y, int64_t ldy) {
   const int64_t G = K / 64, KQ = K / 4;
   const int64_t ldw = spread_stride(K);  // the tile streams 6 rows at once
-  const int64_t SL = std::clamp<int64_t>(int8_direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
+  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
   static thread_local UnitScratch wu_buf, nsum_buf, so_buf;
   uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
   int32_t* nsum = nsum_buf.get<int32_t>(SL * G);  // [G][SL], as s and o

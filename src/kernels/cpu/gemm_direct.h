@@ -1,29 +1,32 @@
-// The W8A8 GEMM driver that reads the Q8_ROW weights where they lie (the mapped file): no panel
-// packing. Used by the AVX512_VNNI and AVX-VNNI kernels; gemm_int8_common.h has the packing
-// driver of the AVX2 one.
+// The GEMM driver that reads the weights where they lie (the mapped file), with no panel
+// packing: the W8A8 kernels on Q8_ROW weights (AVX512_VNNI, AVX-VNNI) and the AVX512_BF16 one on
+// BF16 weights; gemm_int8_common.h has the packing driver of the AVX2 W8A8 kernel.
 //
-// Why: a packed-panel GEMM transposes every weight byte into 4-byte column units for each call,
-// which took ~14 % of a W8A8 GEMM at M = 256 on a Xeon (the weights are read cold, at a stride
-// of K, and the micro-kernel itself ran at ~97 % of the vpdpbusd peak on hot operands). Here
-// the micro-kernel computes yᵀ instead: its vector lanes run along M (the activations, packed
-// once per call) and it broadcasts one 4-byte unit of a weight row — 4 consecutive k of one
-// output column, which is how [N, K] row-major int8 weights already lie in memory. vpdpbusd
-// wants the broadcast operand signed and the vector one unsigned, so activations are stored as
-// u8 = q + 128 and corr[n] = 128 · Σ_k W[n, k] is subtracted, summed per slab from the same
-// rows (that pass also brings them into L1/L2 ahead of the tiles).
+// Why: a packed-panel GEMM transposes every weight into 4-byte column units for each call, which
+// took ~14 % of a W8A8 GEMM at M = 256 on a Xeon (the weights are read cold, at a stride of K,
+// and the micro-kernel itself ran at ~97 % of the vpdpbusd peak on hot operands), and 6.7 % of a
+// bf16 + fast image's samples on Zen 4. Here the micro-kernel computes yᵀ instead: its vector
+// lanes run along M (the activations, packed once per call) and it broadcasts one 4-byte unit of
+// a weight row — 4 consecutive int8 k or 2 bf16 k of one output column, which is how [N, K]
+// row-major weights already lie in memory. vpdpbusd wants the broadcast operand signed and the
+// vector one unsigned, so int8 activations are stored as u8 = q + 128 and corr[n] = 128 ·
+// Σ_k W[n, k] is subtracted, summed per slab from the same rows (that pass also brings them into
+// L1/L2 ahead of the tiles).
 //
-//   1. x is quantized per row exactly as ref::quantize_row_int8, into blocks of MR rows stored
-//      [M / MR][KQ][MR] 4-byte units (Kp = K rounded up to 4, zero padded; pad rows hold 0).
+//   1. x is quantized per row exactly as ref::quantize_row_int8 (or rounded to bf16), into blocks
+//      of MR rows stored [M / MR][KQ][MR] 4-byte units (Kp bytes per row: int8 K rounded up to 4,
+//      zero padded; bf16 2K; pad rows hold 0).
 //   2. The threads take work items of a few slabs of columns (all rows each).
-//   3. Per slab of columns: corr and the weight scales; then for each MR-row block, across the
-//      slab, the micro-kernel sums the MR × NC int32 tile over the whole K in registers and stores
-//      y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n], each step rounded to float32 as in
-//      ref::linear_w8a8 (bit for bit; these files are compiled with -ffp-contract=off).
+//   3. Per slab of columns (int8: corr and the weight scales), for each MR-row block, across the
+//      slab, the micro-kernel sums the MR × NC tile over the whole K in registers and stores it:
+//      int8 y = (float(acc − corr[n]) · s_x[m]) · s_w[n] + bias[n], each step rounded to float32
+//      as in ref::linear_w8a8 (bit for bit; these files are compiled with -ffp-contract=off);
+//      bf16 y = acc + bias[n].
 //
-// UK supplies kMR, kNC, quantize_row(x, K, Kp, q, &s) (ref::quantize_row_int8 into u8 = q + 128),
-// rowsum(w, K) → Σ of K int8, pack_rows(rows, ld, n, KQ, qa) (units of n
-// rows, zero above), and
-// tile_cols(nc, a, w, ldw, nq, corr, sx, sw, bias, y, ldy, rows).
+// UK supplies kMR, kNC, kElemBytes (bytes per stored weight: 1 int8, 2 bf16),
+// quantize_row(x, K, Kp, q, &s) (Kp bytes of activation units and the row's scale),
+// rowsum(w, K) → Σ of K int8 (int8 only), pack_rows(rows, ld, n, KQ, qa) (units of n rows, zero
+// above), and tile_cols(nc, a, w, ldw, nq, corr, sx, sw, bias, y, ldy, rows).
 //
 // Include ONLY from SIMD files whose micro-kernel it drives: everything has internal linkage.
 #pragma once
@@ -41,12 +44,12 @@ namespace {
 
 // The weight rows of a slab of columns take up to a quarter of this core's L2 (the rest holds
 // the prefetched next slab, the activation stream and y).
-inline int64_t int8_direct_slab_bytes() {
+inline int64_t direct_slab_bytes() {
   static const int64_t bytes = l2_cache_bytes() / 4;
   return bytes;
 }
-constexpr int64_t kI8DirectSlab = 96;   // most columns per slab (a multiple of every kNC)
-constexpr int64_t kI8DirectItem = 384;  // columns per thread work item: a few slabs, so that each
+constexpr int64_t kDirectSlab = 96;   // most columns per slab (a multiple of every kNC)
+constexpr int64_t kDirectItem = 384;  // columns per thread work item: a few slabs, so that each
                                         // slab but the first is prefetched by the one before
 
 // y[m0:m1, n0:n1] (m0 % MR == 0) in slabs of columns: per slab the row sums and weight scales,
@@ -54,36 +57,37 @@ constexpr int64_t kI8DirectItem = 384;  // columns per thread work item: a few s
 // segment of y is written whole by consecutive tiles (tiles down a column instead, each writing
 // 48 B of a y line, measured 5-10 % slower at K = 3072 and the same at K = 9216).
 template <class UK>
-void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, int64_t m1, int64_t K,
+void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, int64_t m1, int64_t K,
                         const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int MR = UK::kMR, NC = UK::kNC;
-  const int64_t Kp = KQ * 4;
-  const int64_t SL = std::clamp<int64_t>(int8_direct_slab_bytes() / Kp / NC * NC, NC, kI8DirectSlab);
+  const int64_t Kp = KQ * 4, RB = K * UK::kElemBytes;  // bytes of a row of units / of a stored row
+  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / Kp / NC * NC, NC, kDirectSlab);
   static thread_local UnitScratch conv_buf;
-  alignas(64) int32_t corr[kI8DirectSlab];
-  alignas(64) float sw[kI8DirectSlab];
+  alignas(64) int32_t corr[kDirectSlab];
+  alignas(64) float sw[kDirectSlab];
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
     // A tile reads NC rows at once, ldw apart: at a multiple of 2 KB (K = 4096, 12288) their
     // lines share one or two L1 sets and evict each other, so the slab is copied to a stride of
     // one more line (the copy stays in L2). Zen 4, M = 256, K = 12288 → N = 3072: 73-85 → 92-98 %
     // of the vpdpbusd peak, as K = 12352 in place.
-    const uint8_t* src = static_cast<const uint8_t*>(W.data) + sb * K;
+    const uint8_t* src = static_cast<const uint8_t*>(W.data) + sb * RB;
     // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
-    const auto slab_rows = unit_padded_rows(src, K, Kp, sn, conv_buf, /*spread=*/true);
+    const auto slab_rows = unit_padded_rows(src, RB, Kp, sn, conv_buf, /*spread=*/true);
     const auto* const w = slab_rows.first;
     const int64_t ldw = slab_rows.second;
-    for (int64_t j = 0; j < sn; ++j) {
-      corr[j] = UK::rowsum(w + j * ldw, Kp);
-      sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
-    }
+    if constexpr (UK::kElemBytes == 1)
+      for (int64_t j = 0; j < sn; ++j) {
+        corr[j] = UK::rowsum(w + j * ldw, Kp);
+        sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
+      }
     // The next slab's rows are prefetched into L2 over this slab's tiles, a few lines per 16
     // units (without: ~15 % of the time went to the row sums' first reads; all of them in one
     // tile cost that tile's own streams ~7 %). They are fetched where they lie, also when the
     // slab is then copied.
     const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
     const int64_t tiles = ((m1 - m0 + MR - 1) / MR) * ((sn + NC - 1) / NC);
-    SlicePrefetch pf(next > 0 ? src + SL * K : src, K, next, K, tiles * (KQ / 16));
+    SlicePrefetch pf(next > 0 ? src + SL * RB : src, RB, next, RB, tiles * (KQ / 16));
     for (int64_t m = m0; m < m1; m += MR)
       for (int64_t nb = 0; nb < sn; nb += NC)
         UK::tile_cols(static_cast<int>(std::min<int64_t>(NC, sn - nb)), qa + (m / MR) * KQ * MR, w + nb * ldw, ldw,
@@ -94,11 +98,12 @@ void int8_direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t 
 
 // The whole W8A8 linear (kernels.h semantics) with micro-kernel UK.
 template <class UK>
-void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
+void direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
                         ThreadPool& pool, int64_t ldx, int64_t ldy) {
   constexpr int MR = UK::kMR;
-  static_assert(kI8DirectSlab % UK::kNC == 0);
-  const int64_t Kp = (K + 3) / 4 * 4, KQ = Kp / 4, blocks = (M + MR - 1) / MR;
+  static_assert(kDirectSlab % UK::kNC == 0);
+  // Bytes of a row of whole 4-byte units: int8 padded to 4, bf16 pairs (an even K).
+  const int64_t Kp = (K * UK::kElemBytes + 3) / 4 * 4, KQ = Kp / 4, blocks = (M + MR - 1) / MR;
   // Reused between calls (a fresh vector's page faults and zeroing were ~5 % at M = 256).
   static thread_local UnitScratch qa_buf, sx_buf;
   uint32_t* qa = qa_buf.get<uint32_t>(blocks * KQ * MR);  // [blocks][KQ][MR] u8 = q + 128
@@ -119,8 +124,8 @@ void int8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, c
   // rows whose packed activations fit in half the L2 (W re-read once per superblock) measured
   // 5-10 % faster on a single GEMM whose W stayed in L3, but in the pipeline, where W comes
   // from DRAM, 512² q8 denoising took 79.6 s with them against 60.6 s without (Xeon, 2 threads).
-  split_gemm(M, W.rows(), MR, UK::kNC, kI8DirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    int8_direct_block<UK>(qa, KQ, sx, m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
+  split_gemm(M, W.rows(), MR, UK::kNC, kDirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    direct_block<UK>(qa, KQ, sx, m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
   });
 }
 
