@@ -282,6 +282,49 @@ __attribute__((always_inline)) inline void dpbusd_unit2(__m512i& c0, __m512i& c1
   c1 = _mm512_dpbusd_epi32(c1, a1, bv);
 }
 
+// The frame of the direct driver's AVX-512 yᵀ tiles (gemm_direct.h: the W8A8 VNNI and the bf16
+// tiles, 32 rows × up to 12 weight rows). The weight rows are reached from four row pointers w0,
+// w3, w6, w9 and the strides ldw, l2 = 2·ldw by addressing modes (KLEIN_YT_ROW_POINTERS declares
+// them from w and ldw): KLEIN_YT_COLUMNS(COL) expands COL(j, pointer, offset) for the 12 columns j.
+#define KLEIN_YT_ROW_POINTERS(w)                                                                  \
+  const uint8_t* w0 = (w);                                                                        \
+  const uint8_t* w3 = w0 + 3 * ldw;                                                               \
+  const uint8_t* w6 = w0 + 6 * ldw;                                                               \
+  const uint8_t* w9 = w0 + 9 * ldw;                                                               \
+  const int64_t l2 = 2 * ldw;
+// The tile's 24 accumulators c{j}_0, c{j}_1 (rows 0-15 and 16-31 of column j), of type T.
+#define KLEIN_YT_ACCUMULATORS(T, zero)                                                            \
+  T c0_0 = zero, c0_1 = zero, c1_0 = zero, c1_1 = zero, c2_0 = zero, c2_1 = zero, c3_0 = zero,    \
+    c3_1 = zero, c4_0 = zero, c4_1 = zero, c5_0 = zero, c5_1 = zero, c6_0 = zero, c6_1 = zero,    \
+    c7_0 = zero, c7_1 = zero, c8_0 = zero, c8_1 = zero, c9_0 = zero, c9_1 = zero, c10_0 = zero,   \
+    c10_1 = zero, c11_0 = zero, c11_1 = zero;
+#define KLEIN_YT_COLUMNS(COL)                                                                     \
+  COL(0, w0, 0) COL(1, w0, ldw) COL(2, w0, l2) COL(3, w3, 0) COL(4, w3, ldw) COL(5, w3, l2)       \
+  COL(6, w6, 0) COL(7, w6, ldw) COL(8, w6, l2) COL(9, w9, 0) COL(10, w9, ldw) COL(11, w9, l2)
+
+// step() for each of nq units of K, and the driver's prefetch pf->step() once per 16 (a line
+// of weights per row).
+template <class Step>
+__attribute__((always_inline)) inline void yt_units(int64_t nq, SlicePrefetch* pf, const Step& step) {
+  int64_t q = 0;
+  for (; q + 16 <= nq; q += 16) {
+    pf->step();
+    for (int i = 0; i < 16; ++i) step();
+  }
+  for (; q < nq; ++q) step();
+}
+
+// r[h][j]: column j's results (float32 bits) for rows 16h .. 16h + 15 of the tile; j < cols are
+// stored into rows of y (a 16×16 transpose per 16 rows), the others are ignored.
+inline void yt_store(__m512i r[2][16], int rows, int cols, float* y, int64_t ldy) {
+  const __mmask16 cm = col_mask(cols);
+  for (int h = 0; h < 2 && h * 16 < rows; ++h) {
+    transpose16x16_epi32(r[h]);
+    const int n = std::min(16, rows - h * 16);
+    for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy, cm, _mm512_castsi512_ps(r[h][i]));
+  }
+}
+
 // x quantized for the W4A8 kernels whose tiles take 32-row blocks of activations (AVX512_VNNI,
 // AMX): each row as ref::quantize_row_int8's bytes xor `offset` (0x80: u8 = q + 128, vpdpbusd's
 // unsigned operand; 0: s8 as tdpbusd takes it), stored per block as [K/4][32] 4-byte units in

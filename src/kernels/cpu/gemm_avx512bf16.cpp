@@ -105,15 +105,8 @@ struct Bf16Direct {
   __attribute__((noinline)) static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq,
                                              SlicePrefetch* pf, const int32_t*, const float*, const float*,
                                              const float* bias, float* y, int64_t ldy, int rows) {
-    const uint8_t* w0 = w;
-    const uint8_t* w3 = w + 3 * ldw;
-    const uint8_t* w6 = w + 6 * ldw;
-    const uint8_t* w9 = w + 9 * ldw;
-    const int64_t l2 = 2 * ldw;
-#define KLEIN_B_DECL(j) __m512 c##j##_0 = _mm512_setzero_ps(), c##j##_1 = _mm512_setzero_ps();
-    KLEIN_B_DECL(0) KLEIN_B_DECL(1) KLEIN_B_DECL(2) KLEIN_B_DECL(3) KLEIN_B_DECL(4) KLEIN_B_DECL(5)
-    KLEIN_B_DECL(6) KLEIN_B_DECL(7) KLEIN_B_DECL(8) KLEIN_B_DECL(9) KLEIN_B_DECL(10) KLEIN_B_DECL(11)
-#undef KLEIN_B_DECL
+    KLEIN_YT_ROW_POINTERS(w)
+    KLEIN_YT_ACCUMULATORS(__m512, _mm512_setzero_ps())
 #define KLEIN_B_COL(j, p, off)                                                                   \
   if constexpr (NC > j) {                                                                        \
     const __m512 bv = Bf16Dot::bcast(reinterpret_cast<const uint32_t*>(p + off));                \
@@ -124,37 +117,23 @@ struct Bf16Direct {
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR + 16), _MM_HINT_T0);
       const __m512 a0 = _mm512_castsi512_ps(_mm512_loadu_si512(a)), a1 = _mm512_castsi512_ps(_mm512_loadu_si512(a + 16));
-      KLEIN_B_COL(0, w0, 0) KLEIN_B_COL(1, w0, ldw) KLEIN_B_COL(2, w0, l2)
-      KLEIN_B_COL(3, w3, 0) KLEIN_B_COL(4, w3, ldw) KLEIN_B_COL(5, w3, l2)
-      KLEIN_B_COL(6, w6, 0) KLEIN_B_COL(7, w6, ldw) KLEIN_B_COL(8, w6, l2)
-      KLEIN_B_COL(9, w9, 0) KLEIN_B_COL(10, w9, ldw) KLEIN_B_COL(11, w9, l2)
+      KLEIN_YT_COLUMNS(KLEIN_B_COL)
       a += kMR;
       w0 += 4, w3 += 4, w6 += 4, w9 += 4;
     };
 #undef KLEIN_B_COL
-    int64_t q = 0;
-    for (; q + 16 <= nq; q += 16) {
-      pf->step();
-      for (int i = 0; i < 16; ++i) step();
-    }
-    for (; q < nq; ++q) step();
-    __m512i r[2][16];
+    yt_units(nq, pf, step);
+    __m512i r[2][16] = {};  // columns past NC: zeros, not stored
 #define KLEIN_B_OUT(j)                                                                                  \
-  {                                                                                                     \
-    const __m512 bv = _mm512_set1_ps(NC > j && bias ? bias[j] : 0.0f);                                 \
-    r[0][j] = NC > j ? _mm512_castps_si512(_mm512_add_ps(c##j##_0, bv)) : _mm512_setzero_si512();      \
-    r[1][j] = NC > j ? _mm512_castps_si512(_mm512_add_ps(c##j##_1, bv)) : _mm512_setzero_si512();      \
+  if constexpr (NC > j) {                                                                               \
+    const __m512 bv = _mm512_set1_ps(bias ? bias[j] : 0.0f);                                            \
+    r[0][j] = _mm512_castps_si512(_mm512_add_ps(c##j##_0, bv));                                         \
+    r[1][j] = _mm512_castps_si512(_mm512_add_ps(c##j##_1, bv));                                         \
   }
     KLEIN_B_OUT(0) KLEIN_B_OUT(1) KLEIN_B_OUT(2) KLEIN_B_OUT(3) KLEIN_B_OUT(4) KLEIN_B_OUT(5)
     KLEIN_B_OUT(6) KLEIN_B_OUT(7) KLEIN_B_OUT(8) KLEIN_B_OUT(9) KLEIN_B_OUT(10) KLEIN_B_OUT(11)
 #undef KLEIN_B_OUT
-    const __mmask16 cm = col_mask(NC);
-    for (int h = 0; h < 2 && h * 16 < rows; ++h) {
-      for (int j = 12; j < 16; ++j) r[h][j] = _mm512_setzero_si512();
-      transpose16x16_epi32(r[h]);
-      const int n = std::min(16, rows - h * 16);
-      for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy, cm, _mm512_castsi512_ps(r[h][i]));
-    }
+    yt_store(r, rows, NC, y, ldy);
   }
 
   static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,

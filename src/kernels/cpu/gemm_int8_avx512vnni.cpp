@@ -53,62 +53,38 @@ struct Vnni512 {
   __attribute__((noinline)) static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq,
                                              SlicePrefetch* pf, const int32_t* corr, const float* sx, const float* sw,
                                              const float* bias, float* y, int64_t ldy, int rows) {
-    // Four row pointers and the strides 1·ldw, 2·ldw reach the 12 rows by addressing modes.
-    const uint8_t* w0 = w;
-    const uint8_t* w3 = w + 3 * ldw;
-    const uint8_t* w6 = w + 6 * ldw;
-    const uint8_t* w9 = w + 9 * ldw;
-    const int64_t l2 = 2 * ldw;
-#define KLEIN_V_DECL(j) __m512i c##j##_0 = _mm512_setzero_si512(), c##j##_1 = _mm512_setzero_si512();
-    KLEIN_V_DECL(0) KLEIN_V_DECL(1) KLEIN_V_DECL(2) KLEIN_V_DECL(3) KLEIN_V_DECL(4) KLEIN_V_DECL(5)
-    KLEIN_V_DECL(6) KLEIN_V_DECL(7) KLEIN_V_DECL(8) KLEIN_V_DECL(9) KLEIN_V_DECL(10) KLEIN_V_DECL(11)
-#undef KLEIN_V_DECL
+    KLEIN_YT_ROW_POINTERS(w)
+    KLEIN_YT_ACCUMULATORS(__m512i, _mm512_setzero_si512())
 #define KLEIN_V_COL(j, p, off) \
   if constexpr (NC > j) dpbusd_unit2(c##j##_0, c##j##_1, a0, a1, p + off);
     auto step = [&] {
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + kAPf * kMR + 16), _MM_HINT_T0);
       const __m512i a0 = _mm512_loadu_si512(a), a1 = _mm512_loadu_si512(a + 16);
-      KLEIN_V_COL(0, w0, 0) KLEIN_V_COL(1, w0, ldw) KLEIN_V_COL(2, w0, l2)
-      KLEIN_V_COL(3, w3, 0) KLEIN_V_COL(4, w3, ldw) KLEIN_V_COL(5, w3, l2)
-      KLEIN_V_COL(6, w6, 0) KLEIN_V_COL(7, w6, ldw) KLEIN_V_COL(8, w6, l2)
-      KLEIN_V_COL(9, w9, 0) KLEIN_V_COL(10, w9, ldw) KLEIN_V_COL(11, w9, l2)
+      KLEIN_YT_COLUMNS(KLEIN_V_COL)
       a += kMR;
       w0 += 4, w3 += 4, w6 += 4, w9 += 4;
     };
-    // Lines of 16 units; the prefetches go once per line, outside the inner loop.
-    int64_t q = 0;
-    for (; q + 16 <= nq; q += 16) {
-      pf->step();
-      for (int i = 0; i < 16; ++i) step();
-    }
-    for (; q < nq; ++q) step();
 #undef KLEIN_V_COL
-    // Rescale column by column (lanes = rows), then transpose 16 rows at a time into y.
+    yt_units(nq, pf, step);
+    // Rescale column by column (lanes = rows), then transpose into y.
     __m512i r[2][16];
 #define KLEIN_V_OUT(j) \
   r[0][j] = NC > j ? c##j##_0 : _mm512_setzero_si512(); r[1][j] = NC > j ? c##j##_1 : _mm512_setzero_si512();
     KLEIN_V_OUT(0) KLEIN_V_OUT(1) KLEIN_V_OUT(2) KLEIN_V_OUT(3) KLEIN_V_OUT(4) KLEIN_V_OUT(5)
     KLEIN_V_OUT(6) KLEIN_V_OUT(7) KLEIN_V_OUT(8) KLEIN_V_OUT(9) KLEIN_V_OUT(10) KLEIN_V_OUT(11)
 #undef KLEIN_V_OUT
-    const __mmask16 cm = col_mask(NC);
     for (int h = 0; h < 2 && h * 16 < rows; ++h) {
       const __m512 vs = _mm512_loadu_ps(sx + h * 16);
-      for (int j = 0; j < 16; ++j) {
-        if (j >= NC) {
-          r[h][j] = _mm512_setzero_si512();
-          continue;
-        }
+      for (int j = 0; j < NC; ++j) {
         const __m512i k = _mm512_set1_epi32(corr[j] * 128);
         const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(r[h][j], k)), vs);
         __m512 v = _mm512_mul_ps(t, _mm512_set1_ps(sw[j]));
         v = _mm512_add_ps(v, _mm512_set1_ps(bias ? bias[j] : 0.0f));
         r[h][j] = _mm512_castps_si512(v);
       }
-      transpose16x16_epi32(r[h]);
-      const int n = std::min(16, rows - h * 16);
-      for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy, cm, _mm512_castsi512_ps(r[h][i]));
     }
+    yt_store(r, rows, NC, y, ldy);
   }
 
   static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,
