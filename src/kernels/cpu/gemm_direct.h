@@ -50,15 +50,15 @@ inline int64_t direct_slab_bytes() {
 }
 constexpr int64_t kDirectSlab = 96;   // most columns per slab (a multiple of every kNC)
 constexpr int64_t kDirectItem = 384;  // columns per thread work item: a few slabs, so that each
-                                        // slab but the first is prefetched by the one before
+                                      // slab but the first is prefetched by the one before
 
-// y[m0:m1, n0:n1] (m0 % MR == 0) in slabs of columns: per slab the row sums and weight scales,
-// then each MR-row block runs across the slab's tiles — the slab's rows stay in L2 and each row
+// y[m0:m1, n0:n1] (m0 % MR == 0) in slabs of columns: per slab (int8) the row sums and weight
+// scales, then each MR-row block runs across the slab's tiles — the slab's rows stay in L2 and each row
 // segment of y is written whole by consecutive tiles (tiles down a column instead, each writing
 // 48 B of a y line, measured 5-10 % slower at K = 3072 and the same at K = 9216).
 template <class UK>
 void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, int64_t m1, int64_t K,
-                        const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+                  const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int MR = UK::kMR, NC = UK::kNC;
   const int64_t Kp = KQ * 4, RB = K * UK::kElemBytes;  // bytes of a row of units / of a stored row
   const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / Kp / NC * NC, NC, kDirectSlab);
@@ -96,10 +96,10 @@ void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, i
   }
 }
 
-// The whole W8A8 linear (kernels.h semantics) with micro-kernel UK.
+// The whole linear (kernels.h semantics) with micro-kernel UK.
 template <class UK>
 void direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
-                        ThreadPool& pool, int64_t ldx, int64_t ldy) {
+                   ThreadPool& pool, int64_t ldx, int64_t ldy) {
   constexpr int MR = UK::kMR;
   static_assert(kDirectSlab % UK::kNC == 0);
   // Bytes of a row of whole 4-byte units: int8 padded to 4, bf16 pairs (an even K).
