@@ -33,13 +33,7 @@ namespace {
 
 constexpr int kZMR = 14;        // rows of x per micro-kernel
 constexpr int kZNR = 32;        // columns per panel (two zmm of float32)
-#ifndef KLEIN_ZKC
-#define KLEIN_ZKC 256
-#endif
-#ifndef KLEIN_ZMB
-#define KLEIN_ZMB 1
-#endif
-constexpr int64_t kZKC = KLEIN_ZKC;   // units per packed K slice
+constexpr int64_t kZKC = 256;   // units per packed K slice
 constexpr int64_t kZNC = 256;   // columns per slab (multiple of kZNR)
 constexpr int64_t kZALd = kZKC + 16;  // units per row of a copied sliver (zgemm_block)
 
@@ -375,7 +369,7 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
   // (17 lines: consecutive rows in different sets). Zen 4, M = 256, K = 12288 → N = 3072: bf16
   // 60 → 85 % of the vdpbf16ps peak, as with K = 12352 in place.
   const bool copy_a = (lda * static_cast<int64_t>(sizeof(*a))) % 2048 == 0;
-  typename Op::A* ab = copy_a ? a_buf.get<typename Op::A>(KLEIN_ZMB * kZMR * kZALd) : nullptr;
+  typename Op::A* ab = copy_a ? a_buf.get<typename Op::A>(kZMR * kZALd) : nullptr;
   for (int64_t nc0 = n0; nc0 < n1; nc0 += kZNC) {
     const int64_t ncn = std::min(kZNC, n1 - nc0);
     // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
@@ -395,27 +389,21 @@ void zgemm_block(const typename Op::A* a, int64_t lda, int64_t m0, int64_t m1, i
       const Slivers sl(m0, m1, kZMR);
       // The next slice's weight rows, fetched while this slice computes (gemm_units.h).
       SlicePrefetch pf(src + (kc0 + kcn) * ub, ld, ncn, std::min(kZKC, KU - (kc0 + kcn)) * ub, sl.n);
-      for (int64_t i0 = 0; i0 < sl.n; i0 += KLEIN_ZMB) {
-        const int64_t i1 = std::min<int64_t>(sl.n, i0 + KLEIN_ZMB);
-        const typename Op::A* as[KLEIN_ZMB];
+      for (int64_t i = 0; i < sl.n; ++i) {
+        pf.step();
+        const int64_t m = sl.begin(i);
+        const int rows = sl.rows(i);
+        const typename Op::A* as = a + m * lda + kc0;
         int64_t la = lda;
-        for (int64_t i = i0; i < i1; ++i) {
-          pf.step();
-          as[i - i0] = a + sl.begin(i) * lda + kc0;
-          if (copy_a) {  // the sliver's slice at a stride of kZALd units (see above)
-            typename Op::A* d = ab + (i - i0) * kZMR * kZALd;
-            for (int r = 0; r < sl.rows(i); ++r) std::memcpy(d + r * kZALd, as[i - i0] + r * lda, kcn * sizeof(*d));
-            as[i - i0] = d, la = kZALd;
-          }
+        if (copy_a) {  // the sliver's slice at a stride of kZALd units (see above)
+          for (int r = 0; r < rows; ++r) std::memcpy(ab + r * kZALd, as + r * lda, kcn * sizeof(*as));
+          as = ab, la = kZALd;
         }
         for (int64_t p = 0; p < np; ++p) {
           const int64_t n = nc0 + p * kZNR;
           const int cols = static_cast<int>(std::min<int64_t>(kZNR, ncn - p * kZNR));
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t m = sl.begin(i);
-            zukernel_rows<Op>(sl.rows(i), as[i - i0], la, bp + p * kcn * kZNR, kcn, y + m * ldy + n, ldy, acc,
-                              (!acc && bias) ? bias + n : nullptr, cols);
-          }
+          zukernel_rows<Op>(rows, as, la, bp + p * kcn * kZNR, kcn, y + m * ldy + n, ldy, acc,
+                            (!acc && bias) ? bias + n : nullptr, cols);
         }
       }
     }

@@ -136,18 +136,6 @@ struct Bf16Direct {
     yt_store(r, rows, NC, y, ldy);
   }
 
-  static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,
-                        const int32_t* corr, const float* sx, const float* sw, const float* bias, float* y,
-                        int64_t ldy, int rows) {
-    switch (nc) {
-#define KLEIN_B_CASE(n) \
-  case n: tile<n>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
-      KLEIN_B_CASE(12) KLEIN_B_CASE(11) KLEIN_B_CASE(10) KLEIN_B_CASE(9) KLEIN_B_CASE(8) KLEIN_B_CASE(7)
-      KLEIN_B_CASE(6) KLEIN_B_CASE(5) KLEIN_B_CASE(4) KLEIN_B_CASE(3) KLEIN_B_CASE(2)
-#undef KLEIN_B_CASE
-      default: tile<1>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
-    }
-  }
 };
 
 }  // namespace

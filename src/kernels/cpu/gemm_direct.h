@@ -26,7 +26,7 @@
 // UK supplies kMR, kNC, kElemBytes (bytes per stored weight: 1 int8, 2 bf16),
 // quantize_row(x, K, Kp, q, &s) (Kp bytes of activation units and the row's scale),
 // rowsum(w, K) → Σ of K int8 (int8 only), pack_rows(rows, ld, n, KQ, qa) (units of n rows, zero
-// above), and tile_cols(nc, a, w, ldw, nq, corr, sx, sw, bias, y, ldy, rows).
+// above), and tile<NC>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows) for 1 ≤ NC ≤ kNC.
 //
 // Include ONLY from SIMD files whose micro-kernel it drives: everything has internal linkage.
 #pragma once
@@ -90,9 +90,11 @@ void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, i
     SlicePrefetch pf(next > 0 ? src + SL * RB : src, RB, next, RB, tiles * (KQ / 16));
     for (int64_t m = m0; m < m1; m += MR)
       for (int64_t nb = 0; nb < sn; nb += NC)
-        UK::tile_cols(static_cast<int>(std::min<int64_t>(NC, sn - nb)), qa + (m / MR) * KQ * MR, w + nb * ldw, ldw,
-                      KQ, &pf, corr + nb, sx + m, sw + nb, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
-                      ldy, static_cast<int>(std::min<int64_t>(MR, m1 - m)));
+        with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
+          UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w + nb * ldw, ldw, KQ, &pf, corr + nb, sx + m, sw + nb,
+                                  bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy,
+                                  static_cast<int>(std::min<int64_t>(MR, m1 - m)));
+        });
   }
 }
 

@@ -87,18 +87,6 @@ struct Vnni512 {
     yt_store(r, rows, NC, y, ldy);
   }
 
-  static void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t nq, SlicePrefetch* pf,
-                        const int32_t* corr,
-                        const float* sx, const float* sw, const float* bias, float* y, int64_t ldy, int rows) {
-    switch (nc) {
-#define KLEIN_V_CASE(n) \
-  case n: tile<n>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
-      KLEIN_V_CASE(12) KLEIN_V_CASE(11) KLEIN_V_CASE(10) KLEIN_V_CASE(9) KLEIN_V_CASE(8) KLEIN_V_CASE(7)
-      KLEIN_V_CASE(6) KLEIN_V_CASE(5) KLEIN_V_CASE(4) KLEIN_V_CASE(3) KLEIN_V_CASE(2)
-#undef KLEIN_V_CASE
-      default: tile<1>(a, w, ldw, nq, pf, corr, sx, sw, bias, y, ldy, rows); break;
-    }
-  }
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include <unistd.h>
@@ -108,6 +109,19 @@ struct SlicePrefetch {
     }
   }
 };
+
+// f(std::integral_constant<int, n>{}) with n = nc (1 ≤ nc ≤ N): a tile's column count as the
+// template argument of its instantiation (the tail of a slab has fewer columns than a tile).
+template <int N, class F>
+inline void with_cols(int nc, const F& f) {
+  if constexpr (N <= 1) {
+    f(std::integral_constant<int, 1>{});
+  } else if (nc >= N) {
+    f(std::integral_constant<int, N>{});
+  } else {
+    with_cols<N - 1>(nc, f);
+  }
+}
 
 // This core's L2 in bytes as the OS reports it (cpuid through glibc); 1 MB where unknown.
 inline int64_t l2_cache_bytes() {

@@ -125,18 +125,6 @@ __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t
   }
 }
 
-void tile_cols(int nc, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds, const float* s,
-               const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf, const float* sx, const float* bias, float* y,
-               int64_t ldy, int rows) {
-  switch (nc) {
-#define KW_CASE(n) \
-  case n: tile<n>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows); break;
-    KW_CASE(6) KW_CASE(5) KW_CASE(4) KW_CASE(3) KW_CASE(2)
-#undef KW_CASE
-    default: tile<1>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows); break;
-  }
-}
-
 // Rows [r0, r0 + n) of W unpacked: nibbles → bytes wu[j·ldw + k] in element order, and per group
 // and row nsum[g·lds + j] = −128 · Σ of its 64 nibbles, s and o as float [g][lds] (row scratch
 // t: 2·G floats).
@@ -188,10 +176,11 @@ void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, i
     for (int64_t m = m0; m < m1; m += kMR) {
       const int64_t b = m / kMR;
       for (int64_t nb = 0; nb < sn; nb += kNC)
-        tile_cols(static_cast<int>(std::min<int64_t>(kNC, sn - nb)), act.qa + b * KQ * kMR, wu + nb * ldw, ldw, G, SL,
-                  s + nb, o + nb, nsum + nb, act.xs + b * G * kMR, &pf, act.sx + m,
-                  bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy,
-                  static_cast<int>(std::min<int64_t>(kMR, m1 - m)));
+        with_cols<kNC>(static_cast<int>(std::min<int64_t>(kNC, sn - nb)), [&](auto nc) {
+          tile<nc()>(act.qa + b * KQ * kMR, wu + nb * ldw, ldw, G, SL, s + nb, o + nb, nsum + nb,
+                     act.xs + b * G * kMR, &pf, act.sx + m, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
+                     ldy, static_cast<int>(std::min<int64_t>(kMR, m1 - m)));
+        });
     }
   }
 }
