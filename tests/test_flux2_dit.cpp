@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -266,6 +267,65 @@ TEST(Flux2Dit, MatchesPipelineVelocities) {
     }
   }
   if (checked == 0) GTEST_SKIP() << "no float32 t2i fixtures";
+}
+
+// The last single block computes only the rows whose output is asked for (flux2_dit_forward.cpp):
+// the text rows and the trailing image rows (an edit's reference tokens) give keys and values
+// alone there. The rows that are returned must be the same bits as in the whole computation,
+// which a dump of the last block still runs, for float32 and the fast kernels, on the float32
+// tiny model and its Q4_G64 copy. (At ≤ 4 rows the float32 GEMMs take their GEMV path, which
+// sums in another order: there the values agree to float32 rounding.)
+TEST(Flux2Dit, OutputTokensAreTheSameBitsAsTheWholeOutput) {
+  const int64_t T = 5, h = 3, w = 4, N = h * w, n_ref = 6;
+  Flux2Ids iid = flux2_image_ids(h, w, 0);
+  const Flux2Ids rid = flux2_image_ids(2, 3, 10);  // a reference image's tokens, time id 10
+  iid.insert(iid.end(), rid.begin(), rid.end());
+  const Flux2Ids tid = flux2_text_ids(static_cast<int>(T));
+  for (const fs::path& dir : {tiny_transformer(), klein::testing::data_dir() / "tiny_q4" / "transformer"}) {
+    auto m = Flux2Transformer::load(dir);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    const Flux2Config& c = m->config();
+    Tensor img({N + n_ref, c.in_channels}), txt({T, c.joint_attention_dim});
+    for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::sin(0.37f * i);
+    for (int64_t i = 0; i < txt.numel(); ++i) txt.data()[i] = std::cos(0.11f * i);
+    const int64_t Co = c.out_channels;
+    const std::string last = "dit.single" + std::to_string(c.num_single_layers - 1);
+    for (auto precision : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+      SCOPED_TRACE(dir.string() + (precision == kernels::Precision::kFast ? " fast" : " fp32"));
+      CpuBackend be(CpuBackendOptions{2, Isa::kCount, precision});
+      RunContext ctx;
+      ctx.backend = &be;
+      // Whole: the last block's dump keeps every row of it.
+      const fs::path dd = klein::testing::make_temp_dir("dit_rows");
+      Dumper dumper(dd, last);
+      ctx.dumper = &dumper;
+      auto whole = m->forward(img, txt, 0.7f, iid, tid, ctx);
+      ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+      ASSERT_TRUE(fs::exists(dd / (last + ".npy")));
+      EXPECT_EQ(whole->shape(), (Shape{N + n_ref, Co}));
+      fs::remove_all(dd);
+      ctx.dumper = nullptr;
+      for (int64_t n : {N + n_ref, N, int64_t{5}, int64_t{1}}) {
+        auto part = n == N + n_ref ? m->forward(img, txt, 0.7f, iid, tid, ctx)
+                                   : m->forward(img, txt, 0.7f, iid, tid, ctx, std::nullopt, n);
+        ASSERT_TRUE(part.ok()) << part.status().to_string();
+        ASSERT_EQ(part->shape(), (Shape{n, Co}));
+        if (n > 4) {
+          EXPECT_EQ(std::memcmp(part->data(), whole->data(), n * Co * sizeof(float)), 0) << n << " tokens";
+        } else {
+          EXPECT_LE(rel_err(part->data(), whole->data(), n * Co), 1e-6) << n << " tokens";
+        }
+      }
+    }
+  }
+  auto m = Flux2Transformer::load(tiny_transformer());
+  ASSERT_TRUE(m.ok());
+  Tensor img({N + n_ref, 128}), txt({T, 48});
+  CpuBackend be(CpuBackendOptions{1});
+  RunContext ctx;
+  ctx.backend = &be;
+  for (int64_t n : {int64_t{0}, N + n_ref + 1})
+    EXPECT_EQ(m->forward(img, txt, 0.7f, iid, tid, ctx, std::nullopt, n).status().code(), Code::kInvalidArgument) << n;
 }
 
 TEST(Flux2Dit, ConfigContradictingTheWeightsNamesTheTensor) {

@@ -100,16 +100,20 @@ class Flux2Transformer {
   //   timestep: the value the pipeline passes, i.e. t / 1000 (sigma); scaled by 1000 inside
   //   img_ids / txt_ids: N and T position ids (see flux2_image_ids / flux2_text_ids)
   //   guidance: only used by models with guidance_embeds (ignored otherwise, as diffusers does)
-  // Returns [N, out_channels]. Named dumps (ctx.dump): dit.temb [1,D], dit.mod_img / dit.mod_txt
+  //   out_tokens: how many leading image tokens' outputs are wanted (< 0: all N; 0 or more than
+  //     N is an invalid argument; an edit's reference tokens follow the noise tokens and need
+  //     none). The last block then computes only those rows: the same bits as in the whole output
+  //     (at ≤ 4 rows the float32 GEMMs' GEMV path sums in another order: float32 rounding apart).
+  // Returns [out_tokens, out_channels]. Named dumps (ctx.dump): dit.temb [1,D], dit.mod_img / dit.mod_txt
   // [1,6D], dit.mod_single [1,3D], dit.rope_cos / dit.rope_sin [T+N, head_dim],
   // dit.x_embedder [1,N,D], dit.context_embedder [1,T,D], dit.double<i>.attn_img [1,N,D] /
   // dit.double<i>.attn_txt [1,T,D] (attention output after to_out / to_add_out),
   // dit.double<i>.img [1,N,D], dit.double<i>.txt [1,T,D], dit.single<i>.attn [1,T+N,D]
-  // (to_out output before gating), dit.single<i> [1,T+N,D], dit.norm_out [1,N,D],
-  // dit.output [1,N,out_channels].
+  // (to_out output before gating), dit.single<i> [1,T+N,D], dit.norm_out [1,out_tokens,D],
+  // dit.output [1,out_tokens,out_channels].
   Result<Tensor> forward(const Tensor& img, const Tensor& txt, float timestep, const Flux2Ids& img_ids,
                          const Flux2Ids& txt_ids, const RunContext& ctx,
-                         std::optional<float> guidance = std::nullopt) const;
+                         std::optional<float> guidance = std::nullopt, int64_t out_tokens = -1) const;
 
  private:
   struct DoubleBlock {

@@ -34,6 +34,7 @@ struct StreamMod {
 
 struct Flux2Transformer::Step {
   int64_t T = 0, N = 0, S = 0;   // text, image and all tokens
+  int64_t n_out = 0;             // leading image tokens whose output is returned (≤ N)
   Tensor h;                      // [S, D] residual stream, text rows first
   StreamMod mi, mt;              // double-block modulations (image, text)
   TensorView single_shift, single_gate;
@@ -143,6 +144,14 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   const float eps = static_cast<float>(c.eps);
   const SingleBlock& b = single_[bi];
   const std::string name = "dit.single" + std::to_string(bi);
+  // Rows [r0, r1) get the whole block. After the last block only the n_out leading image rows
+  // are read (by norm_out), so there the text rows and any other image rows (an edit's reference
+  // tokens) serve only as keys and values: their Q, attention output, MLP and to_out are skipped.
+  // Each remaining row's arithmetic is unchanged (every op is row-wise but attention, whose keys
+  // and values are all still there). At 256² the 512 text rows' part of this block is ~2 % of a
+  // step's work. A dump of this block's full rows keeps the whole block.
+  const bool trim = bi + 1 == single_.size() && !ctx.wants_dump(name) && !ctx.wants_dump(name + ".attn");
+  const int64_t r0 = trim ? st.T : 0, r1 = trim ? st.T + st.n_out : S;
   KLEIN_ASSIGN_OR_RETURN(Tensor nq, be.upload(b.norm_q.data(), {hd}, "a q norm weight"));
   KLEIN_ASSIGN_OR_RETURN(Tensor nk, be.upload(b.norm_k.data(), {hd}, "a k norm weight"));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(st.h, st.nrm, st.single_onep, st.single_shift, eps));
@@ -150,31 +159,39 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   // (attention needs them all), then gate/up and to_out per chunk of rows.
   KLEIN_ASSIGN_OR_RETURN(const Weight w_qkv, b.qkv_mlp.row_range(0, 3 * D));
   KLEIN_ASSIGN_OR_RETURN(const Weight w_mlp, b.qkv_mlp.row_range(3 * D, 3 * D + 2 * F));
-  const TensorView qkv = st.qkv.view();
-  KLEIN_RETURN_IF_ERROR(be.linear(st.nrm, w_qkv, nullptr, qkv));
+  const TensorView qkv = st.qkv.view(), nrm = st.nrm.view();
   const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D), v = qkv.col_range(2 * D, 3 * D);
-  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q, H, nq, eps, st.rcos, st.rsin));
-  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k, H, nk, eps, st.rcos, st.rsin));
+  KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(r0, r1), w_qkv, nullptr, qkv.row_range(r0, r1)));
+  if (trim) {  // K and V alone for the rows before and after
+    KLEIN_ASSIGN_OR_RETURN(const Weight w_kv, b.qkv_mlp.row_range(D, 3 * D));
+    for (auto [a, e] : {std::pair{int64_t{0}, r0}, std::pair{r1, S}})
+      if (e > a)
+        KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(a, e), w_kv, nullptr, qkv.row_range(a, e).col_range(D, 3 * D)));
+  }
+  const TensorView cos = st.rcos.view(), sin = st.rsin.view();
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(r0, r1), H, nq, eps, cos.row_range(r0, r1), sin.row_range(r0, r1)));
+  KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k, H, nk, eps, cos, sin));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  KLEIN_RETURN_IF_ERROR(be.attention(q, k, v, st.att, H, H, scale, AttnMask{}));
+  const TensorView att = st.att.view();
+  KLEIN_RETURN_IF_ERROR(be.attention(q.row_range(r0, r1), k, v, att.row_range(r0, r1), H, H, scale, AttnMask{}));
   // cat rows: [attention (D) | SiLU(gate) * up (F)], the input of the fused to_out.
-  for (int64_t a = 0; a < S; a += kRowChunk) {
-    const int64_t b2 = std::min(S, a + kRowChunk), R = b2 - a;
+  for (int64_t a = r0; a < r1; a += kRowChunk) {
+    const int64_t b2 = std::min(r1, a + kRowChunk), R = b2 - a;
     const TensorView u = st.u.view().row_range(0, R), cat = st.cat.view().row_range(0, R);
-    KLEIN_RETURN_IF_ERROR(be.linear(st.nrm.view().row_range(a, b2), w_mlp, nullptr, u));
-    KLEIN_RETURN_IF_ERROR(be.copy(st.att.view().row_range(a, b2), cat.col_range(0, D)));
+    KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(a, b2), w_mlp, nullptr, u));
+    KLEIN_RETURN_IF_ERROR(be.copy(att.row_range(a, b2), cat.col_range(0, D)));
     KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), cat.col_range(D, D + F)));
     KLEIN_RETURN_IF_ERROR(be.linear(cat, b.to_out, nullptr, st.o.view().row_range(a, b2)));
   }
   ctx.dump(name + ".attn", st.o, {1, S, D});
-  KLEIN_RETURN_IF_ERROR(be.gated_add(st.h, st.o, st.single_gate));
+  KLEIN_RETURN_IF_ERROR(be.gated_add(st.h.view().row_range(r0, r1), st.o.view().row_range(r0, r1), st.single_gate));
   ctx.dump(name, st.h, {1, S, D});
   return Status::Ok();
 }
 
 Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, float timestep,
                                          const Flux2Ids& img_ids, const Flux2Ids& txt_ids, const RunContext& ctx,
-                                         std::optional<float> guidance) const {
+                                         std::optional<float> guidance, int64_t out_tokens) const {
   const Flux2Config& c = cfg_;
   const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
   const int64_t Cin = c.in_channels, J = c.joint_attention_dim, Cout = c.out_channels;
@@ -201,6 +218,9 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
                             std::to_string(T) + " text tokens");
   if (!ids_in_range(img_ids) || !ids_in_range(txt_ids))
     return invalid_argument("transformer: a position id is outside +-2^24");
+  if (out_tokens == 0 || out_tokens > N)
+    return invalid_argument("transformer: " + std::to_string(out_tokens) + " output tokens asked of " +
+                            std::to_string(N) + " image tokens");
   if (!std::isfinite(timestep)) return invalid_argument("transformer: timestep is not finite");
   if (guidance && !std::isfinite(*guidance)) return invalid_argument("transformer: guidance is not finite");
   if (!ctx.backend) return invalid_argument("transformer: RunContext without a backend");
@@ -218,6 +238,7 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   const TensorView img_m = img_d->view().reshaped({N, Cin}), txt_m = txt_d->view().reshaped({T, J});
   Step st;
   st.T = T, st.N = N, st.S = T + N;
+  st.n_out = out_tokens < 0 ? N : out_tokens;
   const int64_t S = st.S;
 
   // ---- 1. timestep embedding: timestep.to(dtype) * 1000 in float32, as the model does.
@@ -298,13 +319,15 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
     KLEIN_RETURN_IF_ERROR(single_block(bi, st, ctx));
   }
 
-  // ---- 7. output: AdaLayerNormContinuous on the image rows (scale first, then shift), proj_out.
-  const TensorView nimg = st.nrm.view().row_range(T, S);
-  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(st.himg(), nimg, out_onep, out_shift, static_cast<float>(c.eps)));
-  ctx.dump("dit.norm_out", nimg, {1, N, D});
-  KLEIN_ASSIGN_OR_RETURN(Tensor out, be.alloc({N, Cout}, "the transformer output"));
-  KLEIN_RETURN_IF_ERROR(be.linear(nimg, proj_out_, nullptr, out));
-  ctx.dump("dit.output", out, {1, N, Cout});
+  // ---- 7. output: AdaLayerNormContinuous on the n_out leading image rows (scale first, then
+  // shift), proj_out.
+  const int64_t n_out = st.n_out;
+  const TensorView hout = st.h.view().row_range(T, T + n_out), nout = st.nrm.view().row_range(T, T + n_out);
+  KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(hout, nout, out_onep, out_shift, static_cast<float>(c.eps)));
+  ctx.dump("dit.norm_out", nout, {1, n_out, D});
+  KLEIN_ASSIGN_OR_RETURN(Tensor out, be.alloc({n_out, Cout}, "the transformer output"));
+  KLEIN_RETURN_IF_ERROR(be.linear(nout, proj_out_, nullptr, out));
+  ctx.dump("dit.output", out, {1, n_out, Cout});
   KLEIN_ASSIGN_OR_RETURN(bool finite, be.all_finite(out));
   if (!finite) return non_finite_weight_status(*source_, "transformer");
   return out;

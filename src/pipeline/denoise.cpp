@@ -39,9 +39,10 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
       KLEIN_ASSIGN_OR_RETURN(Tensor x, be.upload(latents.data(), {N, 128}, "the latents"));
       KLEIN_RETURN_IF_ERROR(be.copy(x, model_in.view().row_range(0, N)));
     }
-    KLEIN_ASSIGN_OR_RETURN(Tensor out, dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx));
-    // Only the noise tokens' prediction is used (the reference tokens' rows are dropped).
-    KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out.view().reshaped({out.numel() / 128, 128}).row_range(0, N)));
+    // Only the noise tokens' prediction is used: the reference tokens' rows are not computed.
+    KLEIN_ASSIGN_OR_RETURN(Tensor out,
+                           dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx, std::nullopt, N));
+    KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out));
     // The preview is x0 = x − σ_i·v of this step's input x, so it is made before the update.
     Image preview_image;
     if (preview && preview->callback) {
