@@ -2,7 +2,8 @@
 // product (vdpbf16ps), int8 dot product (vpdpbusd zmm and ymm; AVX2's vpmaddubsw sequence) —
 // and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, the conv2d
 // kernels on the VAE decoder's shapes, plus attention,
-// so kernel changes can be judged in % of peak rather than in absolute seconds.
+// so kernel changes can be judged in % of peak rather than in absolute seconds. "mix" rows time
+// two micro-kernels' instruction mixes in registers: the ceiling of those kernels on this core.
 //
 //   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...] [--attn-s S...]
 //                       [--only KERNEL]
@@ -182,6 +183,50 @@ __attribute__((target("avx2"))) __m256i madd256_chains(int64_t iters, __m256i m,
 __attribute__((target("avx2"))) float madd256_loop(int64_t iters) {
   return static_cast<float>(_mm256_extract_epi32(madd256_chains(iters, _mm256_set1_epi8(3), _mm256_set1_epi8(-2)), 0));
 }
+// Instruction mixes of two GEMM micro-kernels, in registers: the ceiling a kernel's loop can
+// reach on this core before any memory traffic, as a % of the peak it is reported against.
+// W4A8 VNNI (gemm_w4a8_avx512vnni.cpp): per group and column 32 vpdpbusd, then 2 vcvtdq2ps and
+// 4 FMAs fold the int32 sums into float32 — here 16 : 1 : 2 per iteration. On Zen 4 the FMAs take
+// the vpdpbusd's issue slots and the conversions do not (microbenchmarks, 2026-12-05), so the
+// mix tops out at 16 / 18 = 89 % there.
+__attribute__((target("avx512f,avx512vnni"))) float mix_w4a8_vnni512_loop(int64_t iters) {
+  __m512i m = _mm512_set1_epi8(3), c = _mm512_set1_epi8(-2);
+  __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512 f0 = _mm512_set1_ps(0.5f), f1 = f0, s = _mm512_set1_ps(1e-9f), t;
+  for (int64_t i = 0; i < iters; ++i)
+    asm volatile(
+        "vpdpbusd %[c], %[m], %[a0]\n\tvpdpbusd %[c], %[m], %[a1]\n\tvpdpbusd %[c], %[m], %[a2]\n\t"
+        "vpdpbusd %[c], %[m], %[a3]\n\tvpdpbusd %[c], %[m], %[a4]\n\tvpdpbusd %[c], %[m], %[a5]\n\t"
+        "vpdpbusd %[c], %[m], %[a6]\n\tvpdpbusd %[c], %[m], %[a7]\n\t"
+        "vcvtdq2ps %[a0], %[t]\n\tvfmadd231ps %[s], %[t], %[f0]\n\tvfmadd231ps %[s], %[t], %[f1]\n\t"
+        "vpdpbusd %[c], %[m], %[a0]\n\tvpdpbusd %[c], %[m], %[a1]\n\tvpdpbusd %[c], %[m], %[a2]\n\t"
+        "vpdpbusd %[c], %[m], %[a3]\n\tvpdpbusd %[c], %[m], %[a4]\n\tvpdpbusd %[c], %[m], %[a5]\n\t"
+        "vpdpbusd %[c], %[m], %[a6]\n\tvpdpbusd %[c], %[m], %[a7]"
+        : [a0] "+v"(a0), [a1] "+v"(a1), [a2] "+v"(a2), [a3] "+v"(a3), [a4] "+v"(a4), [a5] "+v"(a5),
+          [a6] "+v"(a6), [a7] "+v"(a7), [f0] "+v"(f0), [f1] "+v"(f1), [t] "=&v"(t)
+        : [m] "v"(m), [c] "v"(c), [s] "v"(s));
+  return _mm512_reduce_add_ps(_mm512_add_ps(f0, f1)) +
+         static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a0, a7)));
+}
+// W8A8 AVX2 (gemm_int8_avx2.cpp): a vpmaddwd and a vpaddd per 16 multiply-adds, 12 chains.
+__attribute__((target("avx2"))) __m256i mix_madd_wd_chains(int64_t iters, __m256i m, __m256i c) {
+#define KLEIN_PEAK_INIT(j) __m256i a##j = _mm256_set1_epi32(j);
+#define KLEIN_PEAK_STEP(j)                                                                     \
+  {                                                                                            \
+    __m256i t;                                                                                 \
+    asm volatile("vpmaddwd %[c], %[m], %[t]\n\tvpaddd %[t], %[a], %[a]"                          \
+                 : [a] "+x"(a##j), [t] "=&x"(t)                                                \
+                 : [m] "x"(m), [c] "x"(c));                                                    \
+  }
+#define KLEIN_PEAK_RED(j) if (j > 0) s = _mm256_add_epi32(s, a##j);
+  KLEIN_PEAK_LOOP(__m256i, 0, 0, 0);
+#undef KLEIN_PEAK_INIT
+#undef KLEIN_PEAK_STEP
+#undef KLEIN_PEAK_RED
+}
+__attribute__((target("avx2"))) float mix_w8a8_avx2_loop(int64_t iters) {
+  return static_cast<float>(_mm256_extract_epi32(mix_madd_wd_chains(iters, _mm256_set1_epi16(3), _mm256_set1_epi16(-2)), 0));
+}
 // AMX: four independent accumulator tiles (tmm0..3) from two A and two B tiles, the 2 × 2 pattern
 // of gemm_amx.cpp, all 8 tiles 16 rows × 64 bytes. Per iteration 4 tile products of 16 × 16 × 64
 // int8 (or 16 × 16 × 32 bf16) multiply-adds. Needs CpuFeatures::host() first (the OS permission).
@@ -340,6 +385,26 @@ int main(int argc, char** argv) {
   };
   measure_peaks();
   std::vector<Row> rows;
+
+  // The micro-kernels' instruction mixes in registers (above): each kernel's ceiling on this core.
+#if defined(KLEIN_X86)
+  struct Mix {
+    const char* name;
+    bool available;
+    float (*loop)(int64_t);
+    double ops_per_iter;
+    int peak;
+  };
+  for (const Mix& x : {Mix{"mix gemm_w4a8_avx512vnni (16 vpdpbusd : 1 cvt : 2 FMA)", cpu.has(Isa::kAvx512Vnni),
+                           mix_w4a8_vnni512_loop, 16.0 * 16 * 8, kVnni512},
+                       Mix{"mix gemm_int8_avx2 (vpmaddwd + vpaddd)", cpu.has(Isa::kAvx2), mix_w8a8_avx2_loop,
+                           12.0 * 8 * 4, kMadd256}}) {
+    if (!x.available || !wanted(x.name)) continue;
+    const Peak p = measure_peak(x.name, true, x.loop, x.ops_per_iter, pool1, pool, std::max(reps, 3));
+    for (const Row* r : {&p.p1, &p.pn})
+      if (!(r == &p.pn && threads == 1)) rows.push_back({r->what, r->threads, r->flop, r->t, x.peak});
+  }
+#endif
 
   // Kernel variants: (ceiling, precision, weight format) → the kernel the registry picks, timed
   // against the peak of its instruction. A variant whose kernel is not the expected one on this
