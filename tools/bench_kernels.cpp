@@ -431,9 +431,10 @@ int main(int argc, char** argv) {
       {Isa::kAvx512, kernels::Precision::kFp32, DType::kQ4G64, "gemm_avx512", kFma512},
       {Isa::kAvx512Bf16, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx512vnni", kVnni512},
       {Isa::kAmx, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_amx", kAmxInt8},
+      {Isa::kAvxVnni, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avxvnni", kVnni256},
       // W4A8 without VNNI: against the vpmaddubsw + vpmaddwd peak, which it can pass, since its
       // int16 chains need one vpmaddwd per 8 vpmaddubsw (gemm_w4a8_avx2.cpp).
-      {Isa::kAvxVnni, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx2", kMadd256},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx2", kMadd256},
   };
   for (const Variant& v : variants) {
     const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);

@@ -4,7 +4,7 @@
 // panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
-// AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX512_VNNI) and the AVX512_BF16 GEMM
+// AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX-VNNI, AVX512_VNNI) and the AVX512_BF16 GEMM
 // for every other weight format; the float32 Winograd conv2d (AVX2, AVX-512F) and the
 // AVX512_BF16 one for every format, and the AVX512_BF16 attention.
 #include "kernels/registry.h"
@@ -81,6 +81,7 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
   add_linear(Isa::kAvx2, DType::kQ4G64, "gemm_w4a8_avx2", avx2::linear_q4, true);
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
+  add_linear(Isa::kAvxVnni, DType::kQ4G64, "gemm_w4a8_avxvnni", avxvnni::linear_q4, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
   // AMX: int8 tiles for Q8_ROW and Q4_G64, bf16 tiles for the float formats, for attention and

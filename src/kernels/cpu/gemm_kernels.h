@@ -57,6 +57,9 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
 namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// Q4_G64 weights, W4A8 as avx512vnni::linear_q4 (the same bits; gemm_w4a8_avxvnni.cpp).
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
 namespace avx2 {  // Isa::kAvx2: vpmaddubsw + vpmaddwd
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
