@@ -217,21 +217,29 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
   float* sx = sx_buf.get<float>(blocks * kMR);
   pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
     static thread_local UnitScratch rows_buf;
-    uint8_t* rows = rows_buf.get<uint8_t>(kMR * KU * 4);  // [32][KU · 4 bytes], row-major
     for (int64_t b = b0; b < b1; ++b) {
       const int n = static_cast<int>(std::min<int64_t>(kMR, M - b * kMR));
-      for (int r = 0; r < n; ++r) {
-        const float* xr = x + (b * kMR + r) * ldx;
-        uint8_t* d = rows + r * KU * 4;
-        if constexpr (kInt8) {
-          quantize_row_int8_z(xr, K, KU * 4, d, &sx[b * kMR + r], 0);
-        } else {
-          f32_to_bf16_row(xr, K, reinterpret_cast<uint16_t*>(d));
-          std::memset(d + K * 2, 0, KU * 4 - K * 2);
-        }
-      }
       for (int r = n; r < kMR; ++r) sx[b * kMR + r] = 0.0f;
-      pack_units_z(rows, KU * 4, n, 0, KU, qa + b * KU * kMR);  // zero above row n
+      if constexpr (kInt8) {
+        // The row's scale needs its whole |max| first: quantized row-major, then transposed.
+        uint8_t* rows = rows_buf.get<uint8_t>(kMR * KU * 4);  // [32][KU · 4 bytes]
+        for (int r = 0; r < n; ++r)
+          quantize_row_int8_z(x + (b * kMR + r) * ldx, K, KU * 4, rows + r * KU * 4, &sx[b * kMR + r], 0);
+        pack_units_z(rows, KU * 4, n, 0, KU, qa + b * KU * kMR);  // zero above row n
+      } else {
+        // bf16: rounded as the units are transposed, 32 floats of a row per 16 units (no
+        // row-major bf16 copy: it and its pass were ~3.4 % of a 512² bf16 + fast image); past K
+        // the masked loads give zeros.
+        const float* xb = x + b * kMR * ldx;
+        pack_panel_z(n, KU, qa + b * KU * kMR, [&](int j, int64_t q, int) {
+          const float* xr = xb + j * ldx + 2 * q;
+          const int64_t left = K - 2 * q;
+          const __m512 lo = _mm512_maskz_loadu_ps(col_mask(static_cast<int>(std::clamp<int64_t>(left, 0, 16))), xr);
+          const __m512 hi =
+              _mm512_maskz_loadu_ps(col_mask(static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16))), xr + 16);
+          return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
+        });
+      }
     }
   });
   split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
