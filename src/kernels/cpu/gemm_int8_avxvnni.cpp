@@ -96,6 +96,9 @@ struct Vnni256 {
     int64_t q = 0;
     for (; q + 16 <= nq; q += 16) {
       pf->step();
+      // Unrolled: as a loop (3 pointer adds and a branch per 12 vpdpbusd) the tile ran ~3 % slower
+      // on the AMX Xeon (family 6 model 167, --only int8_avxvnni, three interleaved rounds).
+#pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) step();
     }
     for (; q < nq; ++q) step();
