@@ -35,6 +35,7 @@
 
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_direct.h"
+#include "kernels/cpu/gemm_w4a8_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
 
@@ -147,59 +148,31 @@ void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ld
   }
 }
 
-struct Act {
-  const uint32_t* qa;  // [blocks][K/4][32] u8 = q + 128
-  const float* xs;     // [blocks][G][32] group sums of q (0 for pad rows)
-  const float* sx;     // [blocks · 32] row scales (0 for pad rows)
-};
-
-// y[m0:m1, n0:n1] (m0 % kMR == 0).
-void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, int64_t n0, int64_t n1,
-           const float* bias, float* y, int64_t ldy) {
-  const int64_t G = K / 64, KQ = K / 4;
-  const int64_t ldw = spread_stride(K);  // the tile streams 6 rows at once
-  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
-  static thread_local UnitScratch wu_buf, nsum_buf, so_buf;
-  uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
-  int32_t* nsum = nsum_buf.get<int32_t>(SL * G);  // [G][SL], as s and o
-  float* s = so_buf.get<float>(2 * SL * G + 2 * G);
-  float* o = s + SL * G;
-  float* t = o + SL * G;
-  for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb);
-    unpack_slab(W, sb, sn, wu, ldw, SL, nsum, s, o, t);
-    // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group.
-    const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
-    const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNC - 1) / kNC);
-    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (next > 0 ? (sb + SL) * (K / 2) : 0);
-    SlicePrefetch pf(nsrc, K / 2, next, K / 2, tiles * G);
-    for (int64_t m = m0; m < m1; m += kMR) {
-      const int64_t b = m / kMR;
-      for (int64_t nb = 0; nb < sn; nb += kNC)
-        with_cols<kNC>(static_cast<int>(std::min<int64_t>(kNC, sn - nb)), [&](auto nc) {
-          tile<nc()>(act.qa + b * KQ * kMR, wu + nb * ldw, ldw, G, SL, s + nb, o + nb, nsum + nb,
-                     act.xs + b * G * kMR, &pf, act.sx + m, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
-                     ldy, static_cast<int>(std::min<int64_t>(kMR, m1 - m)));
-        });
-    }
+// The micro-kernel set for the direct driver (gemm_w4a8_direct.h).
+struct Vnni512 {
+  static constexpr int kMR = avx512vnni::kMR, kNC = avx512vnni::kNC, kScratch = 1;
+  static constexpr int64_t kSlabMax = avx512vnni::kSlabMax, kItem = avx512vnni::kItem;
+  static void quantize(const float* x, int64_t M, int64_t K, int64_t ldx, ThreadPool& pool, uint32_t* qa, float* xs,
+                       float* sx) {
+    quantize_w4a8_blocks_z(x, M, K, ldx, 0x80, pool, qa, xs, sx);  // u8 = q + 128
   }
-}
+  static void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ldw, int64_t lds,
+                          int32_t* nsum, float* s, float* o, float* t) {
+    avx512vnni::unpack_slab(W, r0, n, wu, ldw, lds, nsum, s, o, t);
+  }
+  template <int NC>
+  static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds, const float* s,
+                   const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf, const float* sx,
+                   const float* bias, float*, float* y, int64_t ldy, int rows) {
+    avx512vnni::tile<NC>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows);
+  }
+};
 
 }  // namespace
 
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const int64_t KQ = K / 4, G = K / 64, blocks = (M + kMR - 1) / kMR;  // K % 64 == 0 (Q4_G64)
-  // Reused between calls (grow-only, as the W8A8 kernel's).
-  static thread_local UnitScratch qa_buf, xs_buf, sx_buf;
-  uint32_t* qa = qa_buf.get<uint32_t>(blocks * KQ * kMR);
-  float* xs = xs_buf.get<float>(blocks * G * kMR);
-  float* sx = sx_buf.get<float>(blocks * kMR);
-  quantize_w4a8_blocks_z(x, M, K, ldx, 0x80, pool, qa, xs, sx);
-  const Act act{qa, xs, sx};
-  split_gemm(M, W.rows(), kMR, kNC, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    block(act, m0, m1, K, W, n0, n1, bias_f32, y, ldy);  // m0 % kMR == 0
-  });
+  w4a8_direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avx512vnni

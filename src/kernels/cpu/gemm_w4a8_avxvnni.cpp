@@ -30,6 +30,7 @@
 #include "kernels/cpu/gemm_direct.h"
 #include "kernels/cpu/gemm_int8_common.h"
 #include "kernels/cpu/gemm_kernels.h"
+#include "kernels/cpu/gemm_w4a8_direct.h"
 #include "kernels/cpu/gemm_units.h"
 #include "kernels/cpu/q4_unpack.h"
 
@@ -89,14 +90,15 @@ void quantize_blocks(const float* x, int64_t M, int64_t K, int64_t ldx, ThreadPo
 
 // y[rows × NC] (rows ldy apart) for a 16-row block a [K/4][16] and NC unpacked weight rows at
 // w + j·ldw. Per group g and row j: s, o at s[g·lds + j], o[g·lds + j] (group-major, as the
-// AVX512_VNNI kernel's); the block's group sums xs [G][16] and row scales sx [16]. The float32
-// sums live in f [kNC][16] (L1): in registers with the int32 ones only 8 rows × 6 columns fit,
+// AVX512_VNNI kernel's; no int32 start: the driver's nsum is unused); the block's group sums
+// xs [G][16] and row scales sx [16]. The float32 sums live in f [kNC][16] (the driver's scratch, L1): in registers with the int32 ones only 8 rows × 6 columns fit,
 // which needs a broadcast per vpdpbusd (one per two here) and ran at ~60 % of the vpdpbusd peak.
 // noinline: inlined into the driver, GCC kept stack copies of accumulators in the int8 kernels.
 template <int NC>
 __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds,
-                                    const float* s, const float* o, const float* xs, SlicePrefetch* pf,
-                                    const float* sx, const float* bias, float* f, float* y, int64_t ldy, int rows) {
+                                    const float* s, const float* o, const int32_t*, const float* xs,
+                                    SlicePrefetch* pf, const float* sx, const float* bias, float* f, float* y,
+                                    int64_t ldy, int rows) {
   // Two row pointers and the strides 1·ldw, 2·ldw reach the 6 rows by addressing modes.
   const uint8_t* w0 = w;
   const uint8_t* w3 = w + 3 * ldw;
@@ -159,8 +161,8 @@ __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t
 
 // Rows [r0, r0 + n) of W unpacked: nibbles → bytes wu[j·ldw + k] in element order, s and o as
 // float [g][lds] (row scratch t: 2·G floats).
-void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ldw, int64_t lds, float* s, float* o,
-                 float* t) {
+void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ldw, int64_t lds, int32_t*, float* s,
+                 float* o, float* t) {
   const int64_t K = W.cols(), G = K / 64;
   for (int64_t j = 0; j < n; ++j) {
     const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2);
@@ -172,59 +174,21 @@ void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ld
   }
 }
 
-struct Act {
-  const uint32_t* qa;  // [blocks][K/4][16] signed int8
-  const float* xs;     // [blocks][G][16] group sums of q (0 for pad rows)
-  const float* sx;     // [blocks · 16] row scales (0 for pad rows)
+// The micro-kernel set for the direct driver (gemm_w4a8_direct.h).
+struct Vnni256 {
+  static constexpr int kMR = avxvnni::kMR, kNC = avxvnni::kNC, kScratch = kNC * kMR;
+  static constexpr int64_t kSlabMax = avxvnni::kSlabMax, kItem = avxvnni::kItem;
+  static constexpr auto quantize = quantize_blocks;
+  static constexpr auto unpack_slab = avxvnni::unpack_slab;
+  template <int NC>
+  static constexpr auto tile = avxvnni::tile<NC>;
 };
-
-// y[m0:m1, n0:n1] (m0 % kMR == 0).
-void block(const Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, int64_t n0, int64_t n1,
-           const float* bias, float* y, int64_t ldy) {
-  const int64_t G = K / 64, KQ = K / 4;
-  const int64_t ldw = spread_stride(K);  // the tile streams 6 rows at once
-  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / ldw / kNC * kNC, kNC, kSlabMax);
-  static thread_local UnitScratch wu_buf, so_buf;
-  alignas(32) float f[kNC * kMR];
-  uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
-  float* s = so_buf.get<float>(2 * SL * G + 2 * G);
-  float* o = s + SL * G;
-  float* t = o + SL * G;
-  for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb);
-    unpack_slab(W, sb, sn, wu, ldw, SL, s, o, t);
-    // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group.
-    const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
-    const int64_t tiles = ((m1 - m0 + kMR - 1) / kMR) * ((sn + kNC - 1) / kNC);
-    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (next > 0 ? (sb + SL) * (K / 2) : 0);
-    SlicePrefetch pf(nsrc, K / 2, next, K / 2, tiles * G);
-    for (int64_t m = m0; m < m1; m += kMR) {
-      const int64_t b = m / kMR;
-      for (int64_t nb = 0; nb < sn; nb += kNC)
-        with_cols<kNC>(static_cast<int>(std::min<int64_t>(kNC, sn - nb)), [&](auto nc) {
-          tile<nc()>(act.qa + b * KQ * kMR, wu + nb * ldw, ldw, G, SL, s + nb, o + nb, act.xs + b * G * kMR, &pf,
-                     act.sx + m, bias ? bias + sb + nb : nullptr, f, y + m * ldy + sb + nb, ldy,
-                     static_cast<int>(std::min<int64_t>(kMR, m1 - m)));
-        });
-    }
-  }
-}
 
 }  // namespace
 
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  const int64_t KQ = K / 4, G = K / 64, blocks = (M + kMR - 1) / kMR;  // K % 64 == 0 (Q4_G64)
-  // Reused between calls (grow-only, as the other kernels' scratch).
-  static thread_local UnitScratch qa_buf, xs_buf, sx_buf;
-  uint32_t* qa = qa_buf.get<uint32_t>(blocks * KQ * kMR);
-  float* xs = xs_buf.get<float>(blocks * G * kMR);
-  float* sx = sx_buf.get<float>(blocks * kMR);
-  quantize_blocks(x, M, K, ldx, pool, qa, xs, sx);
-  const Act act{qa, xs, sx};
-  split_gemm(M, W.rows(), kMR, kNC, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    block(act, m0, m1, K, W, n0, n1, bias_f32, y, ldy);  // m0 % kMR == 0
-  });
+  w4a8_direct_linear<Vnni256>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 }  // namespace klein::kernels::avxvnni

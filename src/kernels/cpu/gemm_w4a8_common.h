@@ -18,6 +18,7 @@
 // shift or column-sum correction is needed.
 //
 // Include ONLY from the W4A8 SIMD files (all have at least AVX2): internal linkage throughout.
+// (The VNNI kernels read the weight rows in order instead: gemm_w4a8_direct.h.)
 #pragma once
 
 #include <immintrin.h>
