@@ -1,6 +1,7 @@
 // The packing W4A8 GEMM driver of the AVX2 Q4_G64 kernel (gemm_w4a8_avx2.cpp); arithmetic:
-// ref::linear_w4a8 with float32 sums. (The AVX-512 VNNI kernel reads the weight rows in order
-// and needs no panels: gemm_w4a8_avx512vnni.cpp. It performs the same float32 steps.)
+// ref::linear_w4a8 with float32 sums. (The VNNI kernels, AVX512_VNNI and AVX-VNNI, read the
+// weight rows in order and need no panels: gemm_w4a8_direct.h. They perform the same float32
+// steps.)
 //
 //   1. x is quantized per row as the W8A8 kernels do (gemm_int8_common.h's quantize_row_avx2:
 //      signed int8, no +128 shift) into MR-row slivers of 4-byte units, and each row's per-group
