@@ -15,9 +15,9 @@
 //   1. x is quantized per row as ref::quantize_row_int8 (quantize_row_avx2, signed) into blocks
 //      of 16 rows stored [K/4][16] 4-byte units, with each row's group sums X_g = Σ q (exact as
 //      float: |X_g| ≤ 64 · 127) stored [G][16] per block.
-//   2. Threads take work items of columns (split_gemm). Per slab of weight rows (≤ a quarter of
-//      L2 once unpacked): nibbles → bytes (rows ldw apart), per group and row the scale and offset
-//      as float, group-major.
+//   2. The driver (gemm_w4a8_direct.h, shared with the AVX512_VNNI kernel): threads take work
+//      items of columns; per slab of weight rows (≤ a quarter of L2 once unpacked) the nibbles
+//      → bytes (rows ldw apart), per group and row the scale and offset as float, group-major.
 //   3. Per 16-row block of x, across the slab's 6-row tiles, over the whole K: per group the
 //      int32 sums in registers, then the fold into float32 sums kept in L1.
 //
@@ -40,8 +40,8 @@ namespace {
 constexpr int kMR = 16;           // rows of x per tile (two ymm of lanes)
 constexpr int kNC = 6;            // weight rows (columns of y) per tile
 constexpr int64_t kSlabMax = 96;  // most weight rows per slab (a multiple of kNC)
-constexpr int64_t kItem = 384;
-constexpr int kAPf = 32;          // activation units prefetched into L1 this far ahead    // columns per thread work item (a few slabs: each prefetches the next)
+constexpr int64_t kItem = 384;    // columns per thread work item (a few slabs: each prefetches the next)
+// (Prefetching the activations 32 units ahead into L1, as the W8A8 tile does, measured the same.)
 
 // x → qa [blocks][K/4][16] signed int8 units, xs [blocks][G][16] group sums, sx [blocks · 16] row
 // scales (pad rows: zero units, sums and scales). K % 64 == 0.
