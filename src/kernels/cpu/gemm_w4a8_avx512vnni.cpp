@@ -20,9 +20,10 @@
 //   1. x is quantized per row as u8 = q + 128 (quantize_row_int8_z: the bytes of
 //      ref::quantize_row_int8, shifted) into blocks of 32 rows stored [K/4][32] 4-byte units, with
 //      each row's group sums X_g = Σ q (exact as float: |X_g| ≤ 64 · 127) stored [G][32] per block.
-//   2. Threads take work items of columns (split_gemm). Per slab of weight rows (≤ a quarter of
-//      L2 once unpacked): the nibbles spread to bytes 0..15 (rows ldw apart), and per group and
-//      row the scale, the offset (float) and −128 · Σ nibbles, group-major.
+//   2. The driver (gemm_w4a8_direct.h, shared with the AVX-VNNI kernel): threads take work items
+//      of columns; per slab of weight rows (≤ a quarter of L2 once unpacked) the nibbles spread
+//      to bytes 0..15 (rows ldw apart), and per group and row the scale, the offset (float) and
+//      −128 · Σ nibbles, group-major.
 //   3. Per 32-row block of x, across the slab's 6-row tiles, over the whole K in registers: per
 //      group the int32 sums start at −128 · Σ nibbles, so that 16 vpdpbusd of (q + 128) · nibble
 //      leave exactly A_g = Σ q · nibble; then the fold. The epilogue transposes the tile into
@@ -58,7 +59,8 @@ constexpr int64_t kItem = 384;    // columns per thread work item (a few slabs: 
 template <int NC>
 __attribute__((noinline)) void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds,
                                     const float* s, const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf,
-                                    const float* sx, const float* bias, float* y, int64_t ldy, int rows) {
+                                    const float* sx, const float* bias, float* /*scratch: unused*/, float* y,
+                                    int64_t ldy, int rows) {
   // Two row pointers and the strides 1·ldw, 2·ldw reach the 6 rows by addressing modes.
   const uint8_t* w0 = w;
   const uint8_t* w3 = w + 3 * ldw;
@@ -149,23 +151,16 @@ void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ld
 }
 
 // The micro-kernel set for the direct driver (gemm_w4a8_direct.h).
+void quantize(const float* x, int64_t M, int64_t K, int64_t ldx, ThreadPool& pool, uint32_t* qa, float* xs, float* sx) {
+  quantize_w4a8_blocks_z(x, M, K, ldx, 0x80, pool, qa, xs, sx);  // u8 = q + 128
+}
 struct Vnni512 {
   static constexpr int kMR = avx512vnni::kMR, kNC = avx512vnni::kNC, kScratch = 1;
   static constexpr int64_t kSlabMax = avx512vnni::kSlabMax, kItem = avx512vnni::kItem;
-  static void quantize(const float* x, int64_t M, int64_t K, int64_t ldx, ThreadPool& pool, uint32_t* qa, float* xs,
-                       float* sx) {
-    quantize_w4a8_blocks_z(x, M, K, ldx, 0x80, pool, qa, xs, sx);  // u8 = q + 128
-  }
-  static void unpack_slab(const Weight& W, int64_t r0, int64_t n, uint8_t* wu, int64_t ldw, int64_t lds,
-                          int32_t* nsum, float* s, float* o, float* t) {
-    avx512vnni::unpack_slab(W, r0, n, wu, ldw, lds, nsum, s, o, t);
-  }
+  static constexpr auto quantize = avx512vnni::quantize;
+  static constexpr auto unpack_slab = avx512vnni::unpack_slab;
   template <int NC>
-  static void tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t G, int64_t lds, const float* s,
-                   const float* o, const int32_t* nsum, const float* xs, SlicePrefetch* pf, const float* sx,
-                   const float* bias, float*, float* y, int64_t ldy, int rows) {
-    avx512vnni::tile<NC>(a, w, ldw, G, lds, s, o, nsum, xs, pf, sx, bias, y, ldy, rows);
-  }
+  static constexpr auto tile = avx512vnni::tile<NC>;
 };
 
 }  // namespace
