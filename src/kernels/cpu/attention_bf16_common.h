@@ -87,12 +87,6 @@ struct HeadPanels {
   uint32_t* vp;  // [DP/32][SkP/2][32], DP = D rounded up to 32
 };
 
-// 16 floats of row `src` from column c (zeros past D) → 16 bf16, as f32_to_bf16.
-inline __m256i bf16x16_at(const float* src, int64_t c, int D) {
-  const __mmask16 m = col_mask(static_cast<int>(std::clamp<int64_t>(D - c, 0, 16)));
-  return f32x16_to_bf16(_mm512_maskz_loadu_ps(m, src + c));
-}
-
 // 32-key panels [p0, p1) of K: per 16 keys × 16 d-pair units, the units of each key (bf16 pairs,
 // zero past D and for keys past Sk) transposed so that each unit's row holds the keys — zmm
 // transposes; one 4-byte store per unit was ~15 % of the AMX attention at S = 1792.
@@ -109,8 +103,7 @@ void pack_k(const Args& a, const float* kh, int64_t p0, int64_t p1, uint32_t* kp
             continue;
           }
           const float* row = kh + key * a.ldk;
-          r[j] = _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_at(row, 2 * u0, a.D)),
-                                    bf16x16_at(row, 2 * u0 + 16, a.D), 1);
+          r[j] = bf16_units16_at(row, 2 * u0, a.D);
         }
         transpose16x16_epi32(r);
         const int nu = static_cast<int>(std::min<int64_t>(16, a.DU - u0));

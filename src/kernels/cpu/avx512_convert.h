@@ -6,12 +6,14 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/format.h"
 #include "core/weight.h"
+#include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/q4_unpack.h"
 
 namespace klein::kernels {
@@ -35,6 +37,18 @@ inline __m256i f32x16_to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(f32x16_to
 // Two rows of 16 floats → 16 bf16 pairs (lo[j] in the low half of lane j, hi[j] in the high half).
 inline __m512i f32x16x2_to_bf16_pairs(__m512 lo, __m512 hi) {
   return _mm512_or_si512(f32x16_to_bf16_lanes(lo), _mm512_slli_epi32(f32x16_to_bf16_lanes(hi), 16));
+}
+
+// 16 floats of row `src` from column c (zeros at and past n) → 16 bf16, as f32_to_bf16.
+inline __m256i bf16x16_at(const float* src, int64_t c, int64_t n) {
+  const __mmask16 m = col_mask(static_cast<int>(std::clamp<int64_t>(n - c, 0, 16)));
+  return f32x16_to_bf16(_mm512_maskz_loadu_ps(m, src + c));
+}
+
+// 32 floats of row `src` from column c (zeros at and past n) → 16 bf16 pairs in element order:
+// 16 units of (k, k + 1) as the bf16 GEMMs' and attention's packed operands hold them.
+inline __m512i bf16_units16_at(const float* src, int64_t c, int64_t n) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_at(src, c, n)), bf16x16_at(src, c + 16, n), 1);
 }
 
 // n float32 → n bf16 (RNE).

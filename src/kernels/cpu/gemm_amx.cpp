@@ -231,14 +231,8 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
         // row-major bf16 copy: it and its pass were ~3.4 % of a 512² bf16 + fast image); past K
         // the masked loads give zeros.
         const float* xb = x + b * kMR * ldx;
-        pack_panel_z(n, KU, qa + b * KU * kMR, [&](int j, int64_t q, int) {
-          const float* xr = xb + j * ldx + 2 * q;
-          const int64_t left = K - 2 * q;
-          const __m512 lo = _mm512_maskz_loadu_ps(col_mask(static_cast<int>(std::clamp<int64_t>(left, 0, 16))), xr);
-          const __m512 hi =
-              _mm512_maskz_loadu_ps(col_mask(static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16))), xr + 16);
-          return _mm512_inserti64x4(_mm512_castsi256_si512(f32x16_to_bf16(lo)), f32x16_to_bf16(hi), 1);
-        });
+        pack_panel_z(n, KU, qa + b * KU * kMR,
+                     [&](int j, int64_t q, int) { return bf16_units16_at(xb + j * ldx, 2 * q, K); });
       }
     }
   });
