@@ -3,7 +3,8 @@
 // bf16 products with float32 sums, the online softmax in float32 over key blocks of kBK — ref::attention_bf16's
 // arithmetic (see there).
 //
-// Per kv head, K and V are first rounded to bf16 and laid out as the B panels of
+// Per kv head, K and V are first rounded to bf16 (as Q and P, by vcvtne(2)ps2bf16: they only feed
+// the bf16 products, see avx512_convert.h) and laid out as the B panels of
 // gemm_avx512_common.h's 14×32 micro-kernel (the AMX tiles read the same units), shared by every query block of the head:
 //   Kp[key/32][D/2][32]   unit (d-pair, key): K[key][2d'], K[key][2d'+1]
 //   Vp[D/32][Sk/2][32]    unit (key-pair, d):  V[2j][d],   V[2j+1][d]
@@ -103,7 +104,7 @@ void pack_k(const Args& a, const float* kh, int64_t p0, int64_t p1, uint32_t* kp
             continue;
           }
           const float* row = kh + key * a.ldk;
-          r[j] = bf16_units16_at(row, 2 * u0, a.D);
+          r[j] = bf16_units16_ftz_at(row, 2 * u0, a.D);
         }
         transpose16x16_epi32(r);
         const int nu = static_cast<int>(std::min<int64_t>(16, a.DU - u0));
@@ -121,7 +122,7 @@ void pack_v(const Args& a, const float* vh, int64_t u0, int64_t u1, uint32_t* vp
       const __mmask16 m = col_mask(static_cast<int>(std::clamp<int64_t>(a.D - d0, 0, 16)));
       const __m512 lo = k0 < a.Sk ? _mm512_maskz_loadu_ps(m, vh + k0 * a.ldv + d0) : _mm512_setzero_ps();
       const __m512 hi = k1 < a.Sk ? _mm512_maskz_loadu_ps(m, vh + k1 * a.ldv + d0) : _mm512_setzero_ps();
-      _mm512_storeu_si512(vp + (d0 / kZNR) * SU * kZNR + u * kZNR + d0 % kZNR, f32x16x2_to_bf16_pairs(lo, hi));
+      _mm512_storeu_si512(vp + (d0 / kZNR) * SU * kZNR + u * kZNR + d0 % kZNR, bf16_pairs_ftz(lo, hi));
     }
   }
 }
@@ -158,7 +159,7 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
     for (int64_t d = 0; d < DU * 2; d += 16) {  // zeros past D
       const __mmask16 m = col_mask(static_cast<int>(std::clamp<int64_t>(a.D - d, 0, 16)));
       const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + d), _mm512_set1_ps(mul));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), f32x16_to_bf16(x));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), bf16x16_ftz(x));
     }
   }
   std::fill(b.o, b.o + nq * DP, 0.0f);

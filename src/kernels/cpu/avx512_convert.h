@@ -1,7 +1,8 @@
 // Format conversions for the AVX-512 GEMMs: rows of f32 / bf16 / f16 weights to float32, and
 // float32 to bf16 with round-to-nearest-even exactly as f32_to_bf16 (core/dtype.h) and torch's
-// .to(torch.bfloat16) do — integer arithmetic, no denormal flushing (vcvtneps2bf16 flushes
-// denormal inputs, so it is not used), NaN kept NaN. Include only from *_avx512*.cpp / *_amx.cpp files.
+// .to(torch.bfloat16) do — integer arithmetic, no denormal flushing, NaN kept NaN. At the end, the
+// flushing forms (vcvtne(2)ps2bf16, which take a denormal input as zero) for the operands that only
+// a bf16 dot product reads. Include only from *_avx512*.cpp / *_amx.cpp files.
 #pragma once
 
 #include <immintrin.h>
@@ -49,6 +50,48 @@ inline __m256i bf16x16_at(const float* src, int64_t c, int64_t n) {
 // 16 units of (k, k + 1) as the bf16 GEMMs' and attention's packed operands hold them.
 inline __m512i bf16_units16_at(const float* src, int64_t c, int64_t n) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_at(src, c, n)), bf16x16_at(src, c + 16, n), 1);
+}
+
+// The flushing forms, for operands of vdpbf16ps / tdpbf16ps only: vcvtne(2)ps2bf16 round to
+// nearest even as f32_to_bf16 and keep NaN NaN, but take a denormal input as ±0 (SDM). The dot
+// products treat a denormal bf16 input as zero anyway, so the sums are the same except for an
+// input in the top 1/256 of the denormal range, which f32_to_bf16 rounds up to ±2^-126: there the
+// difference is one product term below 2^-126 · |w|. One instruction per 16 or 32 floats where
+// the exact rounding takes ~11 per 16 (the AMX GEMM's activation pack was 3 % of a 256² bf16 +
+// fast image). Templates, so that the AVX-512F files including this header never compile them.
+template <class = void>
+inline __m256i bf16x16_ftz(__m512 v) {
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+}
+
+// bf16_units16_at, flushing: 32 floats of row src from column c (zeros at and past n) → 16 bf16
+// pairs in element order (vcvtne2ps2bf16(hi, lo) puts lo's 16 in elements 0-15, hi's in 16-31).
+template <class = void>
+inline __m512i bf16_units16_ftz_at(const float* src, int64_t c, int64_t n) {
+  const __mmask16 m0 = col_mask(static_cast<int>(std::clamp<int64_t>(n - c, 0, 16)));
+  const __mmask16 m1 = col_mask(static_cast<int>(std::clamp<int64_t>(n - c - 16, 0, 16)));
+  return reinterpret_cast<__m512i>(
+      _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + c + 16), _mm512_maskz_loadu_ps(m0, src + c)));
+}
+
+// f32x16x2_to_bf16_pairs, flushing: two rows of 16 floats → 16 bf16 pairs (lo[j] in the low
+// half of lane j, hi[j] in the high half): converted in one step, then interleaved.
+template <class = void>
+inline __m512i bf16_pairs_ftz(__m512 lo, __m512 hi) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(idx, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+}
+
+// f32_to_bf16_row, flushing: n float32 → n bf16.
+template <class = void>
+inline void f32_to_bf16_row_ftz(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) _mm512_storeu_si512(dst + i, bf16_units16_ftz_at(src, i, n));
+  for (; i < n; i += 16) {
+    const __mmask16 m = col_mask(static_cast<int>(std::min<int64_t>(16, n - i)));
+    _mm256_mask_storeu_epi16(dst + i, m, bf16x16_ftz(_mm512_maskz_loadu_ps(m, src + i)));
+  }
 }
 
 // n float32 → n bf16 (RNE).

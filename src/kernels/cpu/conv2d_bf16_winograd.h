@@ -117,16 +117,6 @@ inline void winograd_input16(const float* rb, int64_t LE, int64_t r0, int64_t k0
   winograd_input_tile(d, v);
 }
 
-// Two rows of 16 floats → 16 bf16 pairs as f32x16x2_to_bf16_pairs, but by vcvtne2ps2bf16 (two
-// instructions where the exact conversion takes ~18): denormal inputs become 0, where the
-// reference keeps them — a difference below 2^-126 per product, far under any test bound; the
-// transformed input is the only operand converted so (the weight, once per call, is exact).
-inline __m512i bf16_pairs_ftz(__m512 lo, __m512 hi) {
-  // cvtne2ps(hi, lo): bf16 of lo in elements 0-15, of hi in 16-31; interleave them as pairs.
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
-                                       5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
 
 // Aᵀ M A of the 16 tiles of a group (m[ξ] at stride ld), + bias (+ out), into output rows
 // 2·ty, 2·ty + 1 of channel plane o, columns 2·tx0 .. (32 of them, clipped to OW / OH).
@@ -200,6 +190,8 @@ inline void winograd_build_v(const ConvGeom& g, const WinoBlock& k, int64_t CP, 
         winograd_input16(rb + rows_per_ch, LE, r0, k0, v);
       else
         for (auto& z : v) z = _mm512_setzero_ps();
+      // The flushing conversion (avx512_convert.h): the transformed input only feeds the tile
+      // products; the weight, converted once per call, is exact.
       for (int x = 0; x < 16; ++x)
         _mm512_storeu_si512(V + ((x * n_panel + so / 32) * CP + cp) * 32 + so % 32,
                             bf16_pairs_ftz(_mm512_loadu_ps(v0 + 16 * x), v[x]));

@@ -228,11 +228,12 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
         pack_units_z(rows, KU * 4, n, 0, KU, qa + b * KU * kMR);  // zero above row n
       } else {
         // bf16: rounded as the units are transposed, 32 floats of a row per 16 units (no
-        // row-major bf16 copy: it and its pass were ~3.4 % of a 512² bf16 + fast image); past K
-        // the masked loads give zeros.
+        // row-major bf16 copy: it and its pass were ~3.4 % of a 512² bf16 + fast image), by
+        // vcvtne2ps2bf16 (avx512_convert.h: x only feeds tdpbf16ps); past K the masked loads
+        // give zeros.
         const float* xb = x + b * kMR * ldx;
         pack_panel_z(n, KU, qa + b * KU * kMR,
-                     [&](int j, int64_t q, int) { return bf16_units16_at(xb + j * ldx, 2 * q, K); });
+                     [&](int j, int64_t q, int) { return bf16_units16_ftz_at(xb + j * ldx, 2 * q, K); });
       }
     }
   });

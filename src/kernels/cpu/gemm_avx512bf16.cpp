@@ -9,8 +9,8 @@
 //     55.4-55.6 s (denoising -10 %): the pack's cold row loads were 6.7 % of its samples.
 //   - Other formats (f32 / f16 rounded per K slice, bf16 with an odd K): the packing GEMM of
 //     gemm_avx512_common.h (panels and 14×32 tiles, as the fp32 kernel).
-// Per call, x is rounded to bf16 once (round-to-nearest-even, as torch's .to(bfloat16):
-// avx512_convert.h). An odd K gets a zero high half in its last pair on both sides.
+// Per call, x is rounded to bf16 once (round-to-nearest-even, as torch's .to(bfloat16), by
+// vcvtne2ps2bf16, whose flushing of denormal inputs the products do anyway: avx512_convert.h). An odd K gets a zero high half in its last pair on both sides.
 //
 // Numerics: the products of two bf16 are exact in float32; the instruction adds them into the
 // accumulator with round-to-nearest-even and treats denormal inputs and outputs as zero (SDM), so
@@ -94,7 +94,7 @@ struct Bf16Direct {
   static constexpr int kAPf = 32;       // activation units prefetched ahead (as the W8A8 tile)
 
   static void quantize_row(const float* x, int64_t K, int64_t, uint8_t* q, float* s) {
-    f32_to_bf16_row(x, K, reinterpret_cast<uint16_t*>(q));
+    f32_to_bf16_row_ftz(x, K, reinterpret_cast<uint16_t*>(q));  // x only feeds vdpbf16ps
     *s = 1.0f;
   }
   static void pack_rows(const uint8_t* rows_, int64_t ld, int rows, int64_t nq, uint32_t* qa) {
@@ -154,7 +154,7 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
   pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       uint16_t* d = xa.data() + m * lda * 2;
-      f32_to_bf16_row(x + m * ldx, K, d);
+      f32_to_bf16_row_ftz(x + m * ldx, K, d);
       if (K % 2) d[K] = 0;
     }
   }, 16);
