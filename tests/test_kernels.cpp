@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -446,6 +447,39 @@ TEST_P(Kernels, LinearW8A8ExtremesAreExact) {
   // And an all-zero row of x among the others (scale 0 → y = bias).
   std::fill(x.begin() + 3 * K, x.begin() + 4 * K, 0.0f);
   check_linear_fast(fast, DType::kQ8Row, M, N, K, true, 0, pool, rng, &W, &x);
+}
+
+TEST_P(Kernels, LinearBf16DenormalAndNaNInputs) {
+  // Under kFast the bf16 GEMMs round x by vcvtne2ps2bf16 (avx512_convert.h), which takes a
+  // denormal input as zero: as the dot products treat a denormal bf16, and f32_to_bf16 keeps it.
+  // Denormals among normal values must give ref::linear_bf16's result, a row of denormals only
+  // the bias exactly, and a NaN must stay in its own row (NaN there, every other row finite).
+  std::mt19937 rng(31);
+  ThreadPool pool(2);
+  const int64_t M = 37, N = 70, K = 300;
+  const float big_denormal = std::bit_cast<float>(0x007FFFFFu), small_denormal = std::bit_cast<float>(0x00000101u);
+  std::vector<float> x = random_vec(M * K, rng);
+  for (int64_t i = 0; i < M * K; i += 7) x[i] = (i / 7) % 2 ? big_denormal : -small_denormal;
+  check_linear_fast(fast, DType::kBF16, M, N, K, true, 0, pool, rng, nullptr, &x);
+
+  std::fill(x.begin() + 5 * K, x.begin() + 6 * K, -big_denormal);
+  x[20 * K + 299] = std::numeric_limits<float>::quiet_NaN();
+  const OwnedWeight W = random_weight(DType::kBF16, N, K, rng);
+  const auto bias = random_vec(N, rng);
+  auto B = make_weight(DType::kBF16, N, 0, bias);
+  std::vector<float> y(M * N);
+  kernels::run_linear(fast, x.data(), M, K, W.w, &B.w, y.data(), pool);
+  const auto name = std::string(fast.get(kernels::Op::kLinear, DType::kBF16).name);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float v = y[m * N + n];
+      if (m == 5)
+        ASSERT_EQ(v, bf16_to_f32(f32_to_bf16(bias[n]))) << name << " denormal row, column " << n;
+      else if (m == 20)
+        ASSERT_TRUE(std::isnan(v)) << name << " NaN row, column " << n;
+      else
+        ASSERT_TRUE(std::isfinite(v)) << name << " row " << m << ", column " << n;
+    }
 }
 
 TEST_P(Kernels, LinearW8A8QuantizesNearTiesExactly) {
