@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -480,6 +482,57 @@ TEST_P(Kernels, LinearBf16DenormalAndNaNInputs) {
       else
         ASSERT_TRUE(std::isfinite(v)) << name << " row " << m << ", column " << n;
     }
+}
+
+TEST_P(Kernels, LinearSwigluEqualsLinearThenSiluMul) {
+  // run_linear_swiglu (the DiT's feed-forward input: W = [gate; up]) against run_linear into
+  // [M, 2F] followed by the set's element-wise silu_mul: bit for bit, by the fused kernels (AMX)
+  // and by the fallback alike. Weights 64-byte aligned (the AMX GEMMs read gate and up rows in
+  // place, 16 columns per tile pair) and 16 bytes off (a per-slab copy); F a multiple of 16 and
+  // not (a copied last slab); K = 10240 has several K chunks; M partial 32-row blocks; strides.
+  std::mt19937 rng(57);
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t M, F, K;
+  };
+  for (const kernels::KernelSet* ks : {&set, &fast})
+    for (DType dt : {DType::kBF16, DType::kQ8Row, DType::kF32, DType::kQ4G64})
+      for (Shape sh : {Shape{1, 1, 64}, Shape{31, 16, 256}, Shape{33, 70, 256}, Shape{70, 144, 320}, Shape{40, 48, 10240}})
+        for (int offset : {0, 16}) {
+          const int64_t M = sh.M, F = sh.F, K = sh.K, N = 2 * F, ldx = K + 3, ldo = F + 5;
+          OwnedWeight W = random_weight(dt, N, K, rng);
+          const size_t bytes = static_cast<size_t>(N * format_row_bytes(dt, K));
+          std::vector<uint8_t> store(bytes + 128);
+          uint8_t* p = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 + offset;
+          std::memcpy(p, W.w.data, bytes);
+          W.w.data = p;
+          const bool with_bias = (M + offset) % 2 == 1;
+          auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
+          const auto x = random_vec(M * ldx, rng);
+          std::vector<float> u(M * N), want(M * ldo, 7.0f), got(M * ldo, 7.0f), scratch(M * N);
+          kernels::run_linear(*ks, x.data(), M, K, W.w, with_bias ? &B.w : nullptr, u.data(), pool, ldx, N);
+          for (int64_t m = 0; m < M; ++m)
+            ks->eltwise().silu_mul(u.data() + m * N, u.data() + m * N + F, want.data() + m * ldo, F);
+          kernels::run_linear_swiglu(*ks, x.data(), M, K, W.w, with_bias ? &B.w : nullptr, got.data(), scratch.data(),
+                                     pool, ldx, ldo, N);
+          const auto& e = ks->get(kernels::Op::kLinear, dt);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < ldo; ++j)
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[m * ldo + j]), std::bit_cast<uint32_t>(want[m * ldo + j]))
+                  << e.name << (e.linear_swiglu ? " (fused)" : " (fallback)") << " " << dtype_name(dt) << " M=" << M
+                  << " F=" << F << " K=" << K << " offset " << offset << " at " << m << "," << j;
+        }
+}
+
+TEST(KernelsRegistry, LinearSwigluRejectsAnOddRowCount) {
+  const kernels::KernelSet ks = kernels::KernelSet::select(CpuFeatures::host(), CpuFeatures::host().isas().back(),
+                                                           kernels::Precision::kFast);
+  std::mt19937 rng(3);
+  ThreadPool pool(1);
+  const OwnedWeight W = random_weight(DType::kBF16, 5, 64, rng);
+  std::vector<float> x(64, 1.0f), u(5), out(2);
+  EXPECT_THROW(kernels::run_linear_swiglu(ks, x.data(), 1, 64, W.w, nullptr, out.data(), u.data(), pool),
+               std::invalid_argument);
 }
 
 TEST_P(Kernels, LinearW8A8QuantizesNearTiesExactly) {

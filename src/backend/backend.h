@@ -87,6 +87,15 @@ class Backend {
   // ---- dense algebra
   // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]); float32 accumulation.
   virtual Status linear(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& y) = 0;
+  // out[M, F] = SiLU(g) · u where [g | u] = x · W[2F, K]ᵀ (+ bias[2F]): the DiT's feed-forward input
+  // and SwiGLU. u_scratch [M, 2F] receives x · Wᵀ unless the backend fuses the two (then it is not
+  // written). This default is linear then swiglu.
+  virtual Status linear_swiglu(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& u_scratch,
+                               const TensorView& out) {
+    KLEIN_RETURN_IF_ERROR(linear(x, W, bias, u_scratch));
+    const int64_t F = W.rows() / 2;
+    return swiglu(u_scratch.col_range(0, F), u_scratch.col_range(F, 2 * F), out);
+  }
   // Multi-head SDPA without materialising the score matrix. Token-major layouts:
   // q [Sq, Hq·D], k/v [Sk, Hkv·D], out [Sq, Hq·D]. GQA: query head h reads kv head h / (Hq/Hkv).
   // A query with no visible key gives zeros.

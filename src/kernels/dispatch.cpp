@@ -35,6 +35,38 @@ void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, cons
   fn(x, M, K, W, b.empty() ? nullptr : b.data(), y, pool, ldx, ldy);
 }
 
+void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W,
+                       const Weight* bias, float* out, float* u, ThreadPool& pool, int64_t ldx, int64_t ldo,
+                       int64_t ldu) {
+  const int64_t N = W.rows(), F = N / 2;
+  if (N % 2 != 0)
+    throw std::invalid_argument("linear_swiglu: " + W.name + " has " + std::to_string(N) +
+                                " rows, expected [gate; up] (an even count)");
+  if (ldo == 0) ldo = F;
+  if (ldu == 0) ldu = N;
+  const LinearSwigluFn fused = set.get(Op::kLinear, W.dtype).linear_swiglu;
+  if (!fused || K == 0 || M <= 0) {
+    run_linear(set, x, M, K, W, bias, u, pool, ldx, ldu);
+    const auto silu_mul = set.eltwise().silu_mul;
+    pool.parallel_for(std::max<int64_t>(M, 0), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) silu_mul(u + r * ldu, u + r * ldu + F, out + r * ldo, F);
+    });
+    return;
+  }
+  if (W.cols() != K)
+    throw std::invalid_argument("linear: " + W.name + " has " + std::to_string(W.cols()) +
+                                " inputs, x has " + std::to_string(K));
+  if (bias && !bias->empty() && bias->numel() != N)
+    throw std::invalid_argument("linear: bias " + bias->name + " size != " + std::to_string(N));
+  if (ldx == 0) ldx = K;
+  std::vector<float> b;  // [2F] bias as f32
+  if (bias && !bias->empty()) {
+    b.resize(N);
+    weight_to_f32(*bias, 0, N, b.data());
+  }
+  fused(x, M, K, W, b.empty() ? nullptr : b.data(), out, pool, ldx, ldo);
+}
+
 void run_attention(const KernelSet& set, const float* q, const float* k, const float* v, float* out, int64_t Sq,
                    int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                    int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {

@@ -87,10 +87,13 @@ std::vector<KernelEntry> build_table() {
   // AMX: int8 tiles for Q8_ROW and Q4_G64, bf16 tiles for the float formats, for attention and
   // for the VAE's convs.
   add_linear(Isa::kAmx, DType::kQ8Row, "gemm_int8_amx", amx::linear_q8, true);
+  t.back().linear_swiglu = amx::linear_q8_swiglu;
   add_linear(Isa::kAmx, DType::kQ4G64, "gemm_w4a8_amx", amx::linear_q4, true);
   for (const FormatTraits& f : format_table())
-    if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64)
+    if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64) {
       add_linear(Isa::kAmx, f.id, "gemm_bf16_amx", amx::linear_bf16, true);
+      t.back().linear_swiglu = amx::linear_bf16_swiglu;
+    }
   t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = Isa::kAmx, .name = "flash_attention_bf16_amx",
                .fast = true, .attention = amx::attention});
   for (const FormatTraits& f : format_table())

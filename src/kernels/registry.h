@@ -35,6 +35,11 @@ bool precision_from_name(std::string_view s, Precision* out);
 // bias as float32 [N] or null).
 using LinearFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
                           ThreadPool& pool, int64_t ldx, int64_t ldy);
+// out[M, F] = SiLU(x · W_gateᵀ + b_gate) · (x · W_upᵀ + b_up) for W = [gate; up] [2F, K] and a bias
+// [2F] or null: a linear whose epilogue applies the SwiGLU, so the [M, 2F] hidden is never
+// written (run_linear_swiglu falls back to the linear and the element-wise silu_mul).
+using LinearSwigluFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias,
+                                float* out, ThreadPool& pool, int64_t ldx, int64_t ldo);
 using AttentionFn = void (*)(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
                              int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                              int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo);
@@ -51,6 +56,7 @@ struct KernelEntry {
   // another form than the exact kernels' (the Winograd conv).
   bool fast = false;
   LinearFn linear = nullptr;
+  LinearSwigluFn linear_swiglu = nullptr;  // the same linear with the SwiGLU fused, where the kernel has it
   AttentionFn attention = nullptr;
   Conv2dFn conv2d = nullptr;
   const EltwiseFns* eltwise = nullptr;
@@ -102,6 +108,13 @@ class KernelSet {
 // conv2d.h describe for linear, attention and conv2d.
 void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
                 float* y, ThreadPool& pool, int64_t ldx = 0, int64_t ldy = 0);
+// out[M, F] = SiLU(gate) · up of y = x · Wᵀ (+ bias), W [2F, K] = [gate; up] rows (the DiT's
+// feed-forward input), out at row stride ldo (0 = F). By the kernel's fused form where it has one;
+// else y goes to u [M, 2F] (row stride ldu, 0 = 2F) and the set's element-wise silu_mul follows.
+// The same bits either way (the fused forms promise them).
+void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W,
+                       const Weight* bias, float* out, float* u, ThreadPool& pool, int64_t ldx = 0, int64_t ldo = 0,
+                       int64_t ldu = 0);
 void run_attention(const KernelSet& set, const float* q, const float* k, const float* v, float* out, int64_t Sq,
                    int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                    int64_t ldq = 0, int64_t ldk = 0, int64_t ldv = 0, int64_t ldo = 0);

@@ -114,15 +114,15 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_msa));
 
   // Feed-forward (SwiGLU) per chunk of rows, text and image rows apart (their own weights):
-  // hidden u [R, 2F] (gate | up), activation [R, F] in cat.
+  // hidden u [R, 2F] (gate | up; not written where the linear fuses the SwiGLU), activation [R, F]
+  // in cat.
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_mlp, st.mt.shift_mlp, eps));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_mlp, st.mi.shift_mlp, eps));
   auto ff = [&](int64_t r0, int64_t r1, const Weight& w_in, const Weight& w_out) -> Status {
     for (int64_t a = r0; a < r1; a += kRowChunk) {
       const int64_t b2 = std::min(r1, a + kRowChunk), R = b2 - a;
       const TensorView u = st.u.view().row_range(0, R), act = st.cat.view().row_range(0, R).col_range(0, F);
-      KLEIN_RETURN_IF_ERROR(be.linear(st.nrm.view().row_range(a, b2), w_in, nullptr, u));
-      KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), act));
+      KLEIN_RETURN_IF_ERROR(be.linear_swiglu(st.nrm.view().row_range(a, b2), w_in, nullptr, u, act));
       KLEIN_RETURN_IF_ERROR(be.linear(act, w_out, nullptr, st.o.view().row_range(a, b2)));
     }
     return Status::Ok();
@@ -178,9 +178,8 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   for (int64_t a = r0; a < r1; a += kRowChunk) {
     const int64_t b2 = std::min(r1, a + kRowChunk), R = b2 - a;
     const TensorView u = st.u.view().row_range(0, R), cat = st.cat.view().row_range(0, R);
-    KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(a, b2), w_mlp, nullptr, u));
     KLEIN_RETURN_IF_ERROR(be.copy(att.row_range(a, b2), cat.col_range(0, D)));
-    KLEIN_RETURN_IF_ERROR(be.swiglu(u.col_range(0, F), u.col_range(F, 2 * F), cat.col_range(D, D + F)));
+    KLEIN_RETURN_IF_ERROR(be.linear_swiglu(nrm.row_range(a, b2), w_mlp, nullptr, u, cat.col_range(D, D + F)));
     KLEIN_RETURN_IF_ERROR(be.linear(cat, b.to_out, nullptr, st.o.view().row_range(a, b2)));
   }
   ctx.dump(name + ".attn", st.o, {1, S, D});

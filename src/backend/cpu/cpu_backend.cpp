@@ -119,6 +119,21 @@ Status CpuBackend::linear(const TensorView& x, const Weight& W, const Weight* bi
   });
 }
 
+Status CpuBackend::linear_swiglu(const TensorView& x, const Weight& W, const Weight* bias,
+                                 const TensorView& u_scratch, const TensorView& out) {
+  if (!kernels_.get(kernels::Op::kLinear, W.dtype).linear_swiglu || x.cols() == 0)
+    return Backend::linear_swiglu(x, W, bias, u_scratch, out);
+  KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "x", x));
+  KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "out", out));
+  if (W.rows() % 2 != 0 || out.rows() != x.rows() || out.cols() != W.rows() / 2)
+    return bad("linear_swiglu", W.name + ": out is " + shape_str(out.shape_vec()) + ", expected [" +
+                                    std::to_string(x.rows()) + ", " + std::to_string(W.rows() / 2) + "]");
+  return guarded("linear_swiglu", [&] {
+    kernels::run_linear_swiglu(kernels_, x.f32(), x.rows(), x.cols(), W, bias, out.f32(), u_scratch.f32(), pool_,
+                               x.ld(), out.ld(), u_scratch.ld());
+  });
+}
+
 Status CpuBackend::attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                              int heads, int kv_heads, float scale, const AttnMask& mask) {
   for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})

@@ -33,6 +33,9 @@ class CpuBackend final : public Backend {
   Status prepare_weight(Weight& w) override;
 
   Status linear(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& y) override;
+  // By the linear kernel's fused SwiGLU where it has one (kernels::run_linear_swiglu).
+  Status linear_swiglu(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& u_scratch,
+                       const TensorView& out) override;
   Status attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out, int heads,
                    int kv_heads, float scale, const AttnMask& mask) override;
   Status conv2d(const TensorView& in, const Weight& w, const Weight* bias, const TensorView& out,

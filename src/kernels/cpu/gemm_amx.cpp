@@ -38,6 +38,7 @@
 
 #include "kernels/cpu/amx_common.h"
 #include "kernels/cpu/avx512_convert.h"
+#include "kernels/cpu/eltwise_v16.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
@@ -51,11 +52,14 @@ constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 byt
 constexpr int64_t kSlabMax = 128;     // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
 
-// The weight rows of one slab as the tiles read them: `rows` rows `ld` bytes apart (ld a multiple
-// of 64, rows on cache lines), each readable for `steps` whole 64-byte steps.
+// The weight rows of one slab as the tiles read them: rows `ld` bytes apart (ld a multiple of 64,
+// rows on cache lines), each readable for `steps` whole 64-byte steps. Group g's two A tiles
+// (16 rows each) start at rows + g · group and rows + g · group + second: 32 consecutive rows
+// (group = 32 · ld, second = 16 · ld), or for the fused SwiGLU in place 16 gate rows and the 16
+// up rows F rows further (group = 16 · ld, second = F · ld).
 struct SlabRows {
   const uint8_t* rows = nullptr;
-  int64_t ld = 0, steps = 0;
+  int64_t ld = 0, steps = 0, group = 0, second = 0;
   bool in_place = false;  // rows are the weight's own storage
 };
 
@@ -66,30 +70,43 @@ struct SlabRows {
 // buffers: 38 % of the driver's samples sat on it).
 constexpr int64_t kPfSteps = 4;
 template <bool kInt8>
-__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t s0, int64_t s1, const uint32_t* a,
-                                          SlicePrefetch* pf, const void* cin, void* cout) {
+__attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t second, int64_t s0, int64_t s1,
+                                          const uint32_t* a, SlicePrefetch* pf, SlicePrefetch* pf2, const void* cin,
+                                          void* cout) {
   if (cin)
     amx_acc_load(cin, kMR * 4);
   else
     amx_acc_zero();
-  // Step i: weight rows 0-15 / 16-31 × 64 bytes of K at w + 64 i; activation units [16 i, 16 i + 16)
-  // of rows 0-15 / 16-31 of the block.
+  // Step i: weight rows 0-15 / 16-31 (at w / w + second) × 64 bytes of K at + 64 i; activation
+  // units [16 i, 16 i + 16) of rows 0-15 / 16-31 of the block.
   auto step = [&](int64_t i) {
     const uint8_t* wp = w + i * 64;
     const uint32_t* ap = a + i * kStepUnits * kMR;
-    amx_step<kInt8>(wp, wp + 16 * ldw, ldw, ap, ap + 16, kMR * 4);
+    amx_step<kInt8>(wp, wp + second, ldw, ap, ap + 16, kMR * 4);
   };
   int64_t s = s0;
   for (; s + kPfSteps <= s1; s += kPfSteps) {
     pf->step();
+    pf2->step();
     for (int64_t i = s; i < s + kPfSteps; ++i) step(i);
   }
   for (; s < s1; ++s) step(s);
   amx_acc_store(cout, kMR * 4);  // c[n][m]: tmm0 n 0-15 m 0-15, tmm1 m 16-31, tmm2 / tmm3 n 16-31
 }
 
-// y[rows × cols] from the block sums c[n][m] (amx_store_transposed): int8: (float(acc) · sx[m])
-// · sw[n] + bias[n]; bf16: acc + bias[n].
+// One output value from a block sum v of activation row m (16 weight rows along the lanes):
+// int8: (float(acc) · sx[m]) · sw + bias; bf16: acc + bias.
+template <bool kInt8>
+inline __m512 rescale(__m512i v, float sx, __m512 vw, __m512 vb) {
+  if constexpr (kInt8) {
+    const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(sx));
+    return _mm512_add_ps(_mm512_mul_ps(t, vw), vb);
+  } else {
+    return _mm512_add_ps(_mm512_castsi512_ps(v), vb);
+  }
+}
+
+// y[rows × cols] from the block sums c[n][m] (amx_store_transposed): rescale with sw[n], bias[n].
 template <bool kInt8>
 void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const float* sw, const float* bias, float* y,
               int64_t ldy) {
@@ -99,23 +116,50 @@ void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const floa
     vb[q] = bias ? _mm512_maskz_loadu_ps(cm, bias + q * 16) : _mm512_setzero_ps();
     vw[q] = kInt8 ? _mm512_maskz_loadu_ps(cm, sw + q * 16) : _mm512_setzero_ps();
   }
-  amx_store_transposed(c, rows, cols, y, ldy, [&](__m512i v, int m, int q) {
-    if constexpr (kInt8) {
-      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(sx[m]));
-      return _mm512_add_ps(_mm512_mul_ps(t, vw[q]), vb[q]);
-    } else {
-      return _mm512_add_ps(_mm512_castsi512_ps(v), vb[q]);
-    }
-  });
+  amx_store_transposed(c, rows, cols, y, ldy,
+                       [&](__m512i v, int m, int q) { return rescale<kInt8>(v, sx[m], vw[q], vb[q]); });
 }
 
-// The tiles' view of weight rows [r0, r0 + n): in place when the format is the tiles' own, n
-// fills whole 32-row groups and every row starts on a cache line, else a (converted) copy
-// zero-padded to 32-row groups and 64-byte steps. row_bytes = bytes of K per row in the tiles'
-// element type.
+// The fused SwiGLU's epilogue: c[n][m] holds gate columns 0-15 in rows n 0-15 and the same up
+// columns in rows 16-31; out[m][j] = SiLU(gate) · up for j < cols, each value rescaled as
+// epilogue's (sw / bias: _g for gate, _u for up) and combined by EltwiseSimd<V16>'s silu_v and a
+// multiply — the operations of the unfused GEMM followed by the element-wise silu_mul, so the
+// same bits.
 template <bool kInt8>
+void epilogue_swiglu(const uint32_t* c, int rows, int cols, const float* sx, const float* sw_g, const float* sw_u,
+                     const float* bias_g, const float* bias_u, float* out, int64_t ldo) {
+  const __mmask16 cm = col_mask(cols);
+  const __m512 vbg = bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps();
+  const __m512 vbu = bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps();
+  const __m512 vwg = kInt8 ? _mm512_maskz_loadu_ps(cm, sw_g) : _mm512_setzero_ps();
+  const __m512 vwu = kInt8 ? _mm512_maskz_loadu_ps(cm, sw_u) : _mm512_setzero_ps();
+  alignas(64) float gate[16][16];
+  for (int h = 0; h * 16 < rows; ++h) {
+    const int n = std::min(16, rows - h * 16);
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * 32 + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i) _mm512_store_ps(gate[i], rescale<kInt8>(r[i], sx[h * 16 + i], vwg, vbg));
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * 32 + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i) {
+      const __m512 up = rescale<kInt8>(r[i], sx[h * 16 + i], vwu, vbu);
+      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
+                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), up));
+    }
+  }
+}
+
+// The tiles' view of a slab: weight rows [r0, r0 + n), or with kSwiglu (W = [gate; up], F rows
+// each) output columns [r0, r0 + n), i.e. gate rows r0 .. and up rows F + r0 .. in 16-row
+// halves of each group. In place when the format is the tiles' own, n fills whole groups (32
+// rows; 16 columns) and every row starts on a cache line, else a (converted) copy zero-padded to
+// whole 32-row groups (SwiGLU: 16 gate rows, then their 16 up rows) and 64-byte steps. row_bytes
+// = bytes of K per row in the tiles' element type.
+template <bool kInt8, bool kSwiglu>
 SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t row_bytes, UnitScratch& conv) {
   const int64_t step_bytes = kStepUnits * 4;
+  const int64_t F = W.rows() / 2, per_group = kSwiglu ? 16 : kNR;
   const bool native = kInt8 ? W.dtype == DType::kQ8Row : W.dtype == DType::kBF16;
   SlabRows s;
   // In place only when every tile row starts on a cache line: a misaligned tile load touches two
@@ -123,30 +167,44 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
   // GEMM the per-slab copy cost about what it saved). Safetensors data is only 8-byte aligned;
   // klein's own writers pad the header so that tensor data starts on 64 bytes.
   const bool aligned = reinterpret_cast<uintptr_t>(W.data) % 64 == 0 && row_bytes % 64 == 0;
-  if (native && n % kNR == 0 && aligned) {
+  if (native && n % per_group == 0 && aligned) {
     s.rows = static_cast<const uint8_t*>(W.data) + r0 * row_bytes;
     s.ld = row_bytes;
     s.steps = row_bytes / step_bytes;
+    s.group = per_group * row_bytes;
+    s.second = kSwiglu ? F * row_bytes : 16 * row_bytes;
     s.in_place = true;
     return s;
   }
   const int64_t ld = (row_bytes + step_bytes - 1) / step_bytes * step_bytes;
-  const int64_t padded = (n + kNR - 1) / kNR * kNR;
-  uint8_t* d = conv.get<uint8_t>(padded * ld);
-  std::memset(d, 0, padded * ld);
-  if (native) {
-    for (int64_t j = 0; j < n; ++j) std::memcpy(d + j * ld, static_cast<const uint8_t*>(W.data) + (r0 + j) * row_bytes, row_bytes);
-  } else {  // bf16 tiles from F32 / F16 / ... weights: expanded to float32, rounded to bf16
-    static thread_local UnitScratch row;
-    float* f = row.get<float>(K);
-    for (int64_t j = 0; j < n; ++j) {
-      weight_row_f32(W, r0 + j, K, f);
-      f32_to_bf16_row(f, K, reinterpret_cast<uint16_t*>(d + j * ld));
+  const int64_t groups = (n + per_group - 1) / per_group;
+  uint8_t* d = conv.get<uint8_t>(groups * kNR * ld);
+  std::memset(d, 0, groups * kNR * ld);
+  // Slab row j → copy row: j itself, or for SwiGLU gate column j at 32 (j / 16) + j % 16 and its
+  // up row 16 further.
+  auto put = [&](int64_t wrow, int64_t dst) {
+    if (native) {
+      std::memcpy(d + dst * ld, static_cast<const uint8_t*>(W.data) + wrow * row_bytes, row_bytes);
+    } else {  // bf16 tiles from F32 / F16 / ... weights: expanded to float32, rounded to bf16
+      static thread_local UnitScratch row;
+      float* f = row.get<float>(K);
+      weight_row_f32(W, wrow, K, f);
+      f32_to_bf16_row(f, K, reinterpret_cast<uint16_t*>(d + dst * ld));
+    }
+  };
+  for (int64_t j = 0; j < n; ++j) {
+    if constexpr (kSwiglu) {
+      put(r0 + j, kNR * (j / 16) + j % 16);
+      put(F + r0 + j, kNR * (j / 16) + 16 + j % 16);
+    } else {
+      put(r0 + j, j);
     }
   }
   s.rows = d;
   s.ld = ld;
   s.steps = ld / step_bytes;
+  s.group = kNR * ld;
+  s.second = 16 * ld;
   return s;
 }
 
@@ -157,28 +215,34 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
 // (block, group) parked in `part` between chunks. Without the chunks, a slab of long rows held
 // few groups (32 rows at bf16 K = 9216) and every activation block was streamed from L3 once per
 // 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
-template <bool kInt8>
+// kSwiglu: W = [gate; up] (F rows each), y = out [M, F] and [n0, n1) its columns: a slab is
+// kSlabMax / 2 columns (their gate and up rows, kSlabMax weight rows), a group 16 columns.
+template <bool kInt8, bool kSwiglu>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   amx_configure_tiles();
   const int64_t row_bytes = kInt8 ? K : 2 * K;
-  const int64_t SL = kSlabMax;
-  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (SL * 64));  // tile steps per chunk
+  const int64_t F = W.rows() / 2;
+  const int64_t SL = kSwiglu ? kSlabMax / 2 : kSlabMax, per_group = kSwiglu ? 16 : kNR;  // in columns of y
+  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (kSlabMax * 64));  // tile steps per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch conv, part_buf;
   alignas(64) uint32_t c[kNR * kMR];
-  alignas(64) float sw[kSlabMax];
+  alignas(64) float sw[kSlabMax];  // rows' scales; SwiGLU: the gate rows' then (from SL) the up rows'
   for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
-    const SlabRows s = slab_rows<kInt8>(W, sb, sn, K, row_bytes, conv);
-    if constexpr (kInt8) scales_to_f32(W.scales, W.scale_dtype, sb, sn, sw);
+    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + per_group - 1) / per_group;
+    const SlabRows s = slab_rows<kInt8, kSwiglu>(W, sb, sn, K, row_bytes, conv);
+    if constexpr (kInt8) {
+      scales_to_f32(W.scales, W.scale_dtype, sb, sn, sw);
+      if constexpr (kSwiglu) scales_to_f32(W.scales, W.scale_dtype, F + sb, sn, sw + SL);
+    }
     const bool chunked = s.steps > KC;
     uint32_t* part = chunked ? part_buf.get<uint32_t>(nblk * ng * kNR * kMR) : nullptr;  // [block][group][32][32]
     for (int64_t k0 = 0; k0 == 0 || k0 < s.steps; k0 += KC) {
       const int64_t k1 = std::min(s.steps, k0 + KC);
       const bool last = k1 == s.steps;
       // The next chunk's weight bytes (or the next slab's first chunk) stream into L2 meanwhile,
-      // when the rows are read in place.
+      // when the rows are read in place (SwiGLU: its gate rows by pf, its up rows by pf2).
       const uint8_t* pbase = s.rows;
       int64_t prow = 0, pbytes = 0;
       if (s.in_place && !last) {
@@ -186,18 +250,26 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
       } else if (s.in_place && sb + SL < n1) {
         pbase = s.rows + SL * row_bytes, prow = std::min(SL, n1 - sb - SL), pbytes = std::min(s.steps, KC) * 64;
       }
-      SlicePrefetch pf(pbase, row_bytes, prow, pbytes, nblk * ng * std::max<int64_t>(1, (k1 - k0) / kPfSteps));
+      const int64_t pf_steps = nblk * ng * std::max<int64_t>(1, (k1 - k0) / kPfSteps);
+      SlicePrefetch pf(pbase, row_bytes, prow, pbytes, pf_steps);
+      SlicePrefetch pf2(kSwiglu ? pbase + F * row_bytes : pbase, row_bytes, prow, kSwiglu ? pbytes : 0, pf_steps);
       for (int64_t m = m0; m < m1; m += kMR) {
         const int64_t mb = (m - m0) / kMR;
         const uint32_t* a = qa + (m / kMR) * KU * kMR;
         const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
         for (int64_t g = 0; g < ng; ++g) {
-          const int64_t nb = g * kNR;
+          const int64_t nb = g * per_group;
           uint32_t* pn = chunked ? part + (mb * ng + g) * kNR * kMR : nullptr;
-          tile_32x32<kInt8>(s.rows + nb * s.ld, s.ld, k0, k1, a, &pf, k0 > 0 ? pn : nullptr, last ? c : pn);
-          if (last)
-            epilogue<kInt8>(c, rows, static_cast<int>(std::min<int64_t>(kNR, sn - nb)), sx + m, sw + nb,
-                            bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
+          tile_32x32<kInt8>(s.rows + g * s.group, s.ld, s.second, k0, k1, a, &pf, &pf2, k0 > 0 ? pn : nullptr,
+                            last ? c : pn);
+          if (!last) continue;
+          const int cols = static_cast<int>(std::min<int64_t>(per_group, sn - nb));
+          if constexpr (kSwiglu)
+            epilogue_swiglu<kInt8>(c, rows, cols, sx + m, sw + nb, sw + SL + nb, bias ? bias + sb + nb : nullptr,
+                                   bias ? bias + F + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
+          else
+            epilogue<kInt8>(c, rows, cols, sx + m, sw + nb, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
+                            ldy);
         }
       }
     }
@@ -205,8 +277,9 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
 }
 
 // The whole linear (kernels.h semantics): x packed into [blocks][KU][32] units (int8: quantized
-// per row; bf16: rounded), K padded with zeros to whole tile steps, then amx_block over a split.
-template <bool kInt8>
+// per row; bf16: rounded), K padded with zeros to whole tile steps, then amx_block over a split
+// (kSwiglu: of out's F columns, W = [gate; up]).
+template <bool kInt8, bool kSwiglu>
 void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y, ThreadPool& pool,
                 int64_t ldx, int64_t ldy) {
   const int64_t elems_per_unit = kInt8 ? 4 : 2;
@@ -237,21 +310,33 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
       }
     }
   });
-  split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    amx_block<kInt8>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy);
-  });
+  const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
+  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
+             [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+               amx_block<kInt8, kSwiglu>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy);
+             });
 }
 
 }  // namespace
 
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  amx_linear<true>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  amx_linear<true, false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
 void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy) {
-  amx_linear<false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+  amx_linear<false, false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+}
+
+void linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo) {
+  amx_linear<true, true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
+}
+
+void linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                        ThreadPool& pool, int64_t ldx, int64_t ldo) {
+  amx_linear<false, true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
 }
 
 }  // namespace klein::kernels::amx

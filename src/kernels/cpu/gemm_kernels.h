@@ -44,6 +44,13 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 // (ref::linear_bf16's arithmetic, as avx512bf16::linear).
 void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q8 / linear_bf16 with the SwiGLU in the epilogue (registry.h's LinearSwigluFn): W =
+// [gate; up], out [M, W.rows() / 2] at row stride ldo; the same bits as the linear followed by
+// the AVX-512 element-wise silu_mul.
+void linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo);
+void linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                        ThreadPool& pool, int64_t ldx, int64_t ldo);
 // Q4_G64, W4A8 with tdpbusd per group of 64 and the VNNI kernel's float32 folding (the same bits
 // as avx512vnni::linear_q4; gemm_w4a8_amx.cpp).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
