@@ -89,6 +89,7 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAmx, DType::kQ8Row, "gemm_int8_amx", amx::linear_q8, true);
   t.back().linear_swiglu = amx::linear_q8_swiglu;
   add_linear(Isa::kAmx, DType::kQ4G64, "gemm_w4a8_amx", amx::linear_q4, true);
+  t.back().linear_swiglu = amx::linear_q4_swiglu;
   for (const FormatTraits& f : format_table())
     if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64) {
       add_linear(Isa::kAmx, f.id, "gemm_bf16_amx", amx::linear_bf16, true);

@@ -55,6 +55,9 @@ void linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, c
 // as avx512vnni::linear_q4; gemm_w4a8_amx.cpp).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q4 with the SwiGLU in the epilogue, as linear_q8_swiglu.
+void linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo);
 // Flash attention with bf16 tile products (ref::attention_bf16's arithmetic, as
 // avx512bf16::attention; attention_amx.cpp).
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,

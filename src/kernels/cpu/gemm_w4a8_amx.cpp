@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "kernels/cpu/amx_common.h"
+#include "kernels/cpu/eltwise_v16.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
@@ -30,25 +31,62 @@ constexpr int kMR = 32, kNR = 32;
 constexpr int64_t kSlabMax = 128;  // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm)
 
-// Rows [r0, r0 + n) of W, groups [g0, g0 + gc): nibbles → bytes wu[row][gc · 64] (rows ldw
-// apart); rows from n up to whole 32-row groups are zero.
+// A slab's rows as the tiles take them: weight rows [r0, r0 + n), or with kSwiglu (W = [gate;
+// up], F rows each) output columns [r0, r0 + n) as groups of 32 rows — 16 gate rows, then the
+// same columns' up rows. slab_row(j) is W's row for the tiles' row j, or -1 (a zero pad row,
+// up to whole 32-row groups).
+template <bool kSwiglu>
+int64_t slab_row(const Weight& W, int64_t r0, int64_t n, int64_t j) {
+  if constexpr (kSwiglu) {
+    const int64_t col = j / kNR * 16 + j % 16;
+    return col < n ? (j % kNR < 16 ? r0 + col : W.rows() / 2 + r0 + col) : -1;
+  } else {
+    return j < n ? r0 + j : -1;
+  }
+}
+template <bool kSwiglu>
+int64_t slab_padded(int64_t n) {
+  return kSwiglu ? (n + 15) / 16 * kNR : (n + kNR - 1) / kNR * kNR;
+}
+
+// The slab's rows (slab_row), groups [g0, g0 + gc): nibbles → bytes wu[row][gc · 64] (rows ldw
+// apart); pad rows zero.
+template <bool kSwiglu>
 void unpack_rows(const Weight& W, int64_t r0, int64_t n, int64_t g0, int64_t gc, uint8_t* wu, int64_t ldw) {
-  const int64_t K = W.cols(), padded = (n + kNR - 1) / kNR * kNR;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* src = static_cast<const uint8_t*>(W.data) + (r0 + j) * (K / 2) + g0 * 32;
+  const int64_t K = W.cols();
+  for (int64_t j = 0; j < slab_padded<kSwiglu>(n); ++j) {
+    const int64_t r = slab_row<kSwiglu>(W, r0, n, j);
+    if (r < 0) {
+      std::memset(wu + j * ldw, 0, gc * 64);
+      continue;
+    }
+    const uint8_t* src = static_cast<const uint8_t*>(W.data) + r * (K / 2) + g0 * 32;
     for (int64_t h = 0; h < gc * 2; ++h)
       _mm256_store_si256(reinterpret_cast<__m256i*>(wu + j * ldw + h * 32), q4_spread16(src + h * 16));
   }
-  for (int64_t j = n; j < padded; ++j) std::memset(wu + j * ldw, 0, gc * 64);
 }
 
-// The scales and offsets of rows [r0, r0 + n) as float [row][G]; zero up to whole 32-row groups.
+// The scales and offsets of the slab's rows (slab_row) as float [row][G]; zero for pad rows.
+template <bool kSwiglu>
 void unpack_scales(const Weight& W, int64_t r0, int64_t n, float* s, float* o) {
-  const int64_t G = W.cols() / 64, padded = (n + kNR - 1) / kNR * kNR;
-  scales_to_f32(W.scales, W.scale_dtype, r0 * G, n * G, s);  // rows r0.. lie contiguously
-  scales_to_f32(W.offsets, W.scale_dtype, r0 * G, n * G, o);
-  std::fill(s + n * G, s + padded * G, 0.0f);
-  std::fill(o + n * G, o + padded * G, 0.0f);
+  const int64_t G = W.cols() / 64, padded = slab_padded<kSwiglu>(n);
+  if constexpr (!kSwiglu) {
+    scales_to_f32(W.scales, W.scale_dtype, r0 * G, n * G, s);  // rows r0.. lie contiguously
+    scales_to_f32(W.offsets, W.scale_dtype, r0 * G, n * G, o);
+    std::fill(s + n * G, s + padded * G, 0.0f);
+    std::fill(o + n * G, o + padded * G, 0.0f);
+    return;
+  }
+  for (int64_t j = 0; j < padded; ++j) {
+    const int64_t r = slab_row<kSwiglu>(W, r0, n, j);
+    if (r < 0) {
+      std::fill(s + j * G, s + (j + 1) * G, 0.0f);
+      std::fill(o + j * G, o + (j + 1) * G, 0.0f);
+      continue;
+    }
+    scales_to_f32(W.scales, W.scale_dtype, r * G, G, s + j * G);
+    scales_to_f32(W.offsets, W.scale_dtype, r * G, G, o + j * G);
+  }
 }
 
 // f[n0 .. n0 + 15][32 m] += group g's sums c[16][32] with the rows' scale s, offset o and the
@@ -109,38 +147,74 @@ __attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t ldw, int64_t
   fold_half(hi, 16, g1 - 1, G, s, o, xt, f);
 }
 
+// out[m][j] = SiLU(gate) · up from the float sums f[n][m] of a group of the fused SwiGLU (rows
+// n 0-15 gate columns, 16-31 their up rows): each value fma(f, s_x, bias) as the plain
+// epilogue's, combined by EltwiseSimd<V16>'s silu_v and a multiply, as the linear followed by
+// the element-wise silu_mul computes them.
+void epilogue_swiglu(const float* f, int rows, int cols, const float* sx, const float* bias_g, const float* bias_u,
+                     float* out, int64_t ldo) {
+  const __mmask16 cm = col_mask(cols);
+  const __m512 vbg = bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps();
+  const __m512 vbu = bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps();
+  const auto* c = reinterpret_cast<const uint32_t*>(f);
+  alignas(64) float gate[16][16];
+  for (int h = 0; h * 16 < rows; ++h) {
+    const int n = std::min(16, rows - h * 16);
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * kMR + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i)
+      _mm512_store_ps(gate[i], _mm512_fmadd_ps(_mm512_castsi512_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]), vbg));
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * kMR + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i) {
+      const __m512 up = _mm512_fmadd_ps(_mm512_castsi512_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]), vbu);
+      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
+                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), up));
+    }
+  }
+}
+
 // y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of kSlabMax
 // weight rows, their groups in chunks whose unpacked bytes fit a quarter of the L2, every
 // activation block across the slab's 32-row groups per chunk, the float sums f of each
-// (block, group) kept between chunks.
+// (block, group) kept between chunks. kSwiglu: W = [gate; up], y = out [M, F] and [n0, n1) its
+// columns; a slab is kSlabMax / 2 columns, a 32-row group 16 columns' gate and up rows.
+template <bool kSwiglu>
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0, int64_t m1, int64_t K,
                 const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   amx_configure_tiles();
-  const int64_t G = K / 64, KU = K / 4, SL = kSlabMax;
-  const int64_t GC = std::clamp<int64_t>(l2_cache_bytes() / 4 / (SL * 64), 1, G);  // groups per chunk
+  const int64_t G = K / 64, KU = K / 4, F = W.rows() / 2;
+  const int64_t SL = kSwiglu ? kSlabMax / 2 : kSlabMax, per_group = kSwiglu ? 16 : kNR;  // in columns of y
+  const int64_t GC = std::clamp<int64_t>(l2_cache_bytes() / 4 / (kSlabMax * 64), 1, G);  // groups per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch wu_buf, so_buf, f_buf;
-  uint8_t* wu = wu_buf.get<uint8_t>(SL * GC * 64);
-  float* s = so_buf.get<float>(2 * SL * G);
-  float* o = s + SL * G;
+  uint8_t* wu = wu_buf.get<uint8_t>(kSlabMax * GC * 64);
+  float* s = so_buf.get<float>(2 * kSlabMax * G);
+  float* o = s + kSlabMax * G;
   alignas(64) int32_t c[kNR * kMR];
   for (int64_t sb = n0; sb < n1; sb += SL) {
-    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + kNR - 1) / kNR;
+    const int64_t sn = std::min(SL, n1 - sb), ng = (sn + per_group - 1) / per_group;
     float* fall = f_buf.get<float>(nblk * ng * kNR * kMR);  // [block][group][32][32]
-    unpack_scales(W, sb, sn, s, o);
+    unpack_scales<kSwiglu>(W, sb, sn, s, o);
     for (int64_t g0 = 0; g0 < G; g0 += GC) {
       const int64_t g1 = std::min(G, g0 + GC);
-      unpack_rows(W, sb, sn, g0, g1 - g0, wu, GC * 64);
+      unpack_rows<kSwiglu>(W, sb, sn, g0, g1 - g0, wu, GC * 64);
       for (int64_t m = m0; m < m1; m += kMR) {
         const int64_t mb = (m - m0) / kMR;
         const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
         for (int64_t gi = 0; gi < ng; ++gi) {
-          const int64_t nb = gi * kNR;
+          const int64_t nb = gi * per_group, wr = gi * kNR;  // first column of y / tile row of the group
           float* f = fall + (mb * ng + gi) * kNR * kMR;
-          tile_fold(wu + nb * GC * 64, GC * 64, g0, g1, G, qa + (m / kMR) * KU * kMR, s + nb * G, o + nb * G,
+          tile_fold(wu + wr * GC * 64, GC * 64, g0, g1, G, qa + (m / kMR) * KU * kMR, s + wr * G, o + wr * G,
                     xt + (m / kMR) * G * kMR, f, c);
           if (g1 < G) continue;
-          const int cols = static_cast<int>(std::min<int64_t>(kNR, sn - nb));
+          const int cols = static_cast<int>(std::min<int64_t>(per_group, sn - nb));
+          if constexpr (kSwiglu) {
+            epilogue_swiglu(f, rows, cols, sx + m, bias ? bias + sb + nb : nullptr, bias ? bias + F + sb + nb : nullptr,
+                            y + m * ldy + sb + nb, ldy);
+            continue;
+          }
           __m512 vb[2];
           for (int q = 0; q < 2; ++q)
             vb[q] = bias ? _mm512_maskz_loadu_ps(col_mask(std::max(0, cols - q * 16)), bias + sb + nb + q * 16)
@@ -155,10 +229,10 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0
   }
 }
 
-}  // namespace
-
-void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
-               ThreadPool& pool, int64_t ldx, int64_t ldy) {
+// The whole W4A8 linear; kSwiglu: out [M, W.rows() / 2] of W = [gate; up] (registry.h).
+template <bool kSwiglu>
+void w4a8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
   const int64_t KU = K / 4, G = K / 64, blocks = (M + kMR - 1) / kMR;
   static thread_local UnitScratch qa_buf, sx_buf, xt_buf;
   uint32_t* qa = qa_buf.get<uint32_t>(blocks * KU * kMR);  // [blocks][KU][32] int8 units
@@ -166,9 +240,23 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   float* xt = xt_buf.get<float>(blocks * G * kMR);          // [blocks][G][32] group sums of q
   static_assert(kMR == 32, "quantize_w4a8_blocks_z writes 32-row blocks");
   quantize_w4a8_blocks_z(x, M, K, ldx, 0, pool, qa, xt, sx);
-  split_gemm(M, W.rows(), kMR, kNR, kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    w4a8_block(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy);
-  });
+  const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
+  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
+             [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+               w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy);
+             });
+}
+
+}  // namespace
+
+void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+               ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  w4a8_linear<false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+}
+
+void linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo) {
+  w4a8_linear<true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
 }
 
 }  // namespace klein::kernels::amx
