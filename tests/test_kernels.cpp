@@ -489,7 +489,9 @@ TEST_P(Kernels, LinearSwigluEqualsLinearThenSiluMul) {
   // [M, 2F] followed by the set's element-wise silu_mul: bit for bit, by the fused kernels (AMX)
   // and by the fallback alike. Weights 64-byte aligned (the AMX GEMMs read gate and up rows in
   // place, 16 columns per tile pair) and 16 bytes off (a per-slab copy); F a multiple of 16 and
-  // not (a copied last slab); K = 10240 has several K chunks; M partial 32-row blocks; strides.
+  // not (a copied last slab); K = 2048 rows a multiple of 2 KB (the direct driver copies them);
+  // K = 10240 has several K chunks; an odd K (the bf16 direct driver declines it); M partial
+  // 32-row blocks; strides.
   std::mt19937 rng(57);
   ThreadPool pool(2);
   struct Shape {
@@ -497,8 +499,10 @@ TEST_P(Kernels, LinearSwigluEqualsLinearThenSiluMul) {
   };
   for (const kernels::KernelSet* ks : {&set, &fast})
     for (DType dt : {DType::kBF16, DType::kQ8Row, DType::kF32, DType::kQ4G64})
-      for (Shape sh : {Shape{1, 1, 64}, Shape{31, 16, 256}, Shape{33, 70, 256}, Shape{70, 144, 320}, Shape{40, 48, 10240}})
+      for (Shape sh : {Shape{1, 1, 64}, Shape{31, 16, 256}, Shape{33, 70, 256}, Shape{70, 144, 320},
+                       Shape{20, 40, 2048}, Shape{40, 48, 10240}, Shape{9, 30, 65}})
         for (int offset : {0, 16}) {
+          if (sh.K % format_traits(dt).block_elems) continue;  // Q4_G64: whole groups of 64
           const int64_t M = sh.M, F = sh.F, K = sh.K, N = 2 * F, ldx = K + 3, ldo = F + 5;
           OwnedWeight W = random_weight(dt, N, K, rng);
           const size_t bytes = static_cast<size_t>(N * format_row_bytes(dt, K));

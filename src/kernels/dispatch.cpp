@@ -45,14 +45,14 @@ void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t 
   if (ldo == 0) ldo = F;
   if (ldu == 0) ldu = N;
   const LinearSwigluFn fused = set.get(Op::kLinear, W.dtype).linear_swiglu;
-  if (!fused || K == 0 || M <= 0) {
+  const auto silu_mul = set.eltwise().silu_mul;
+  const auto unfused = [&] {
     run_linear(set, x, M, K, W, bias, u, pool, ldx, ldu);
-    const auto silu_mul = set.eltwise().silu_mul;
     pool.parallel_for(std::max<int64_t>(M, 0), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) silu_mul(u + r * ldu, u + r * ldu + F, out + r * ldo, F);
     });
-    return;
-  }
+  };
+  if (!fused || K == 0 || M <= 0) return unfused();
   if (W.cols() != K)
     throw std::invalid_argument("linear: " + W.name + " has " + std::to_string(W.cols()) +
                                 " inputs, x has " + std::to_string(K));
@@ -64,7 +64,7 @@ void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t 
     b.resize(N);
     weight_to_f32(*bias, 0, N, b.data());
   }
-  fused(x, M, K, W, b.empty() ? nullptr : b.data(), out, pool, ldx, ldo);
+  if (!fused(x, M, K, W, b.empty() ? nullptr : b.data(), out, pool, ldx, ldo, silu_mul)) unfused();
 }
 
 void run_attention(const KernelSet& set, const float* q, const float* k, const float* v, float* out, int64_t Sq,

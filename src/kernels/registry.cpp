@@ -59,8 +59,10 @@ std::vector<KernelEntry> build_table() {
     if (!f.is_weight) continue;
     add_linear(Isa::kAvx512, f.id, "gemm_avx512", avx512::linear, false);
     // Q8_ROW and Q4_G64 have integer kernels (below): vpdpbusd does twice vdpbf16ps's work.
-    if (f.id != DType::kQ8Row && f.id != DType::kQ4G64)
+    if (f.id != DType::kQ8Row && f.id != DType::kQ4G64) {
       add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
+      if (f.id == DType::kBF16) t.back().linear_swiglu = avx512bf16::linear_swiglu;  // the direct driver's
+    }
   }
   t.push_back({.op = Op::kAttention, .format = DType::kF32, .isa = Isa::kAvx512Bf16,
                .name = "flash_attention_bf16_avx512bf16", .fast = true, .attention = avx512bf16::attention});
@@ -81,8 +83,10 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAvx2, DType::kQ8Row, "gemm_int8_avx2", avx2::linear_q8, true);
   add_linear(Isa::kAvx2, DType::kQ4G64, "gemm_w4a8_avx2", avx2::linear_q4, true);
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
+  t.back().linear_swiglu = avxvnni::linear_q8_swiglu;
   add_linear(Isa::kAvxVnni, DType::kQ4G64, "gemm_w4a8_avxvnni", avxvnni::linear_q4, true);
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
+  t.back().linear_swiglu = avx512vnni::linear_q8_swiglu;
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
   // AMX: int8 tiles for Q8_ROW and Q4_G64, bf16 tiles for the float formats, for attention and
   // for the VAE's convs.

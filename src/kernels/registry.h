@@ -36,10 +36,13 @@ bool precision_from_name(std::string_view s, Precision* out);
 using LinearFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
                           ThreadPool& pool, int64_t ldx, int64_t ldy);
 // out[M, F] = SiLU(x · W_gateᵀ + b_gate) · (x · W_upᵀ + b_up) for W = [gate; up] [2F, K] and a bias
-// [2F] or null: a linear whose epilogue applies the SwiGLU, so the [M, 2F] hidden is never
-// written (run_linear_swiglu falls back to the linear and the element-wise silu_mul).
-using LinearSwigluFn = void (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias,
-                                float* out, ThreadPool& pool, int64_t ldx, int64_t ldo);
+// [2F] or null: a linear that applies the SwiGLU as it goes, so the [M, 2F] hidden is never
+// written, with the bits of the linear followed by silu_mul (the set's element-wise one, passed
+// in). Returns false, having done nothing, for a case it does not fuse (run_linear_swiglu then
+// runs the linear and silu_mul).
+using SiluMulFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+using LinearSwigluFn = bool (*)(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias,
+                                float* out, ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 using AttentionFn = void (*)(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
                              int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                              int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo);

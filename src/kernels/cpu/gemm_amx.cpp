@@ -329,14 +329,18 @@ void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   amx_linear<false, false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
-void linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                      ThreadPool& pool, int64_t ldx, int64_t ldo) {
+// The epilogue applies EltwiseSimd<V16>::silu_v itself, which is the AVX-512 set's silu_mul (the
+// one an AMX kernel set has), so silu_mul is not called.
+bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn) {
   amx_linear<true, true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
+  return true;
 }
 
-void linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                        ThreadPool& pool, int64_t ldx, int64_t ldo) {
+bool linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                        ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn) {
   amx_linear<false, true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
+  return true;
 }
 
 }  // namespace klein::kernels::amx

@@ -161,4 +161,13 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
   zgemm<Bf16Op>(reinterpret_cast<const uint32_t*>(xa.data()), lda, M, KU, W, bias_f32, y, pool, ldy);
 }
 
+// The fused SwiGLU on the direct driver: BF16 weights with an even K (else false: the packing
+// GEMM and silu_mul).
+bool linear_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                   ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul) {
+  if (W.dtype != DType::kBF16 || K % 2 != 0) return false;
+  direct_linear<Bf16Direct>(x, M, K, W, bias_f32, out, pool, ldx, ldo, silu_mul);
+  return true;
+}
+
 }  // namespace klein::kernels::avx512bf16

@@ -56,52 +56,79 @@ constexpr int64_t kDirectItem = 384;  // columns per thread work item: a few sla
 // scales, then each MR-row block runs across the slab's tiles — the slab's rows stay in L2 and each row
 // segment of y is written whole by consecutive tiles (tiles down a column instead, each writing
 // 48 B of a y line, measured 5-10 % slower at K = 3072 and the same at K = 9216).
+// With silu_mul (the fused SwiGLU, W = [gate; up], F rows each): [n0, n1) are columns of
+// out = y [M, F]; a slab is a gate half (rows sb ..) and an up half (rows F + sb ..), each MR-row
+// block's tiles write both halves into an L1 scratch and silu_mul combines them into y — the
+// [M, 2F] hidden never goes to memory.
 template <class UK>
 void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, int64_t m1, int64_t K,
-                  const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+                  const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy,
+                  void (*silu_mul)(const float*, const float*, float*, int64_t) = nullptr) {
   constexpr int MR = UK::kMR, NC = UK::kNC;
   const int64_t Kp = KQ * 4, RB = K * UK::kElemBytes;  // bytes of a row of units / of a stored row
-  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / Kp / NC * NC, NC, kDirectSlab);
-  static thread_local UnitScratch conv_buf;
-  alignas(64) int32_t corr[kDirectSlab];
-  alignas(64) float sw[kDirectSlab];
+  const int64_t SL0 = std::clamp<int64_t>(direct_slab_bytes() / Kp / NC * NC, NC, kDirectSlab);
+  const int64_t SL = silu_mul ? std::max<int64_t>(NC, SL0 / 2 / NC * NC) : SL0;  // SwiGLU: two halves
+  const int halves = silu_mul ? 2 : 1;
+  const int64_t F = W.rows() / 2;
+  static thread_local UnitScratch conv_buf[2], ys_buf;
+  alignas(64) int32_t corr[2][kDirectSlab];
+  alignas(64) float sw[2][kDirectSlab];
+  float* ys = silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr;  // [MR][gate SL | up SL]
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
     // A tile reads NC rows at once, ldw apart: at a multiple of 2 KB (K = 4096, 12288) their
     // lines share one or two L1 sets and evict each other, so the slab is copied to a stride of
     // one more line (the copy stays in L2). Zen 4, M = 256, K = 12288 → N = 3072: 73-85 → 92-98 %
     // of the vpdpbusd peak, as K = 12352 in place.
-    const uint8_t* src = static_cast<const uint8_t*>(W.data) + sb * RB;
-    // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
-    const auto slab_rows = unit_padded_rows(src, RB, Kp, sn, conv_buf, /*spread=*/true);
-    const auto* const w = slab_rows.first;
-    const int64_t ldw = slab_rows.second;
-    if constexpr (UK::kElemBytes == 1)
-      for (int64_t j = 0; j < sn; ++j) {
-        corr[j] = UK::rowsum(w + j * ldw, Kp);
-        sw[j] = scale_at(W.scales, W.scale_dtype, sb + j);
-      }
+    const uint8_t* src[2];
+    const uint8_t* w[2];
+    int64_t ldw = 0;
+    for (int h = 0; h < halves; ++h) {
+      const int64_t r0 = sb + h * F;
+      src[h] = static_cast<const uint8_t*>(W.data) + r0 * RB;
+      // Not a structured binding: clang 14 rejects those inside requires-expressions and lambdas.
+      const auto slab_rows = unit_padded_rows(src[h], RB, Kp, sn, conv_buf[h], /*spread=*/true);
+      w[h] = slab_rows.first;
+      ldw = slab_rows.second;
+      if constexpr (UK::kElemBytes == 1)
+        for (int64_t j = 0; j < sn; ++j) {
+          corr[h][j] = UK::rowsum(w[h] + j * ldw, Kp);
+          sw[h][j] = scale_at(W.scales, W.scale_dtype, r0 + j);
+        }
+    }
     // The next slab's rows are prefetched into L2 over this slab's tiles, a few lines per 16
     // units (without: ~15 % of the time went to the row sums' first reads; all of them in one
     // tile cost that tile's own streams ~7 %). They are fetched where they lie, also when the
-    // slab is then copied.
+    // slab is then copied. (SwiGLU: each half's next rows over its own tiles.)
     const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
     const int64_t tiles = ((m1 - m0 + MR - 1) / MR) * ((sn + NC - 1) / NC);
-    SlicePrefetch pf(next > 0 ? src + SL * RB : src, RB, next, RB, tiles * (KQ / 16));
-    for (int64_t m = m0; m < m1; m += MR)
-      for (int64_t nb = 0; nb < sn; nb += NC)
-        with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
-          UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w + nb * ldw, ldw, KQ, &pf, corr + nb, sx + m, sw + nb,
-                                  bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb, ldy,
-                                  static_cast<int>(std::min<int64_t>(MR, m1 - m)));
-        });
+    SlicePrefetch pf[2] = {SlicePrefetch(next > 0 ? src[0] + SL * RB : src[0], RB, next, RB, tiles * (KQ / 16)),
+                           SlicePrefetch(next > 0 && silu_mul ? src[1] + SL * RB : src[0], RB, silu_mul ? next : 0,
+                                         RB, tiles * (KQ / 16))};
+    for (int64_t m = m0; m < m1; m += MR) {
+      const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
+      for (int h = 0; h < halves; ++h) {
+        const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
+        float* yh = silu_mul ? ys + h * SL : y + m * ldy + sb;
+        const int64_t ldh = silu_mul ? 2 * SL : ldy;
+        for (int64_t nb = 0; nb < sn; nb += NC)
+          with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
+            UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w[h] + nb * ldw, ldw, KQ, &pf[h], corr[h] + nb, sx + m,
+                                    sw[h] + nb, bias ? bias + col0 + nb : nullptr, yh + nb, ldh, rows);
+          });
+      }
+      if (silu_mul)
+        for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
+    }
   }
 }
 
-// The whole linear (kernels.h semantics) with micro-kernel UK.
+// The whole linear (kernels.h semantics) with micro-kernel UK; with silu_mul the fused SwiGLU
+// (registry.h's LinearSwigluFn: W = [gate; up], y = out [M, W.rows() / 2]).
 template <class UK>
 void direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
-                   ThreadPool& pool, int64_t ldx, int64_t ldy) {
+                   ThreadPool& pool, int64_t ldx, int64_t ldy,
+                   void (*silu_mul)(const float*, const float*, float*, int64_t) = nullptr) {
   constexpr int MR = UK::kMR;
   static_assert(kDirectSlab % UK::kNC == 0);
   // Bytes of a row of whole 4-byte units: int8 padded to 4, bf16 pairs (an even K).
@@ -126,8 +153,9 @@ void direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const 
   // rows whose packed activations fit in half the L2 (W re-read once per superblock) measured
   // 5-10 % faster on a single GEMM whose W stayed in L3, but in the pipeline, where W comes
   // from DRAM, 512² q8 denoising took 79.6 s with them against 60.6 s without (Xeon, 2 threads).
-  split_gemm(M, W.rows(), MR, UK::kNC, kDirectItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    direct_block<UK>(qa, KQ, sx, m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
+  const int64_t N = silu_mul ? W.rows() / 2 : W.rows(), item = silu_mul ? kDirectItem / 2 : kDirectItem;
+  split_gemm(M, N, MR, UK::kNC, item, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    direct_block<UK>(qa, KQ, sx, m0, m1, K, W, n0, n1, bias, y, ldy, silu_mul);  // m0 % MR == 0
   });
 }
 

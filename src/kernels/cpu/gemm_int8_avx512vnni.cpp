@@ -96,4 +96,10 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
+bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul) {
+  direct_linear<Vnni512>(x, M, K, W, bias_f32, out, pool, ldx, ldo, silu_mul);
+  return true;
+}
+
 }  // namespace klein::kernels::avx512vnni

@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/registry.h"
 
 namespace klein::kernels {
 
@@ -19,6 +20,10 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* 
 namespace avx512bf16 {  // Isa::kAvx512Bf16, fast: x and W rounded to bf16, vdpbf16ps, f32 sums
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
             ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear with the SwiGLU fused (registry.h's LinearSwigluFn; gemm_direct.h), for BF16 weights with
+// an even K; false otherwise.
+bool linear_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                   ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 // Flash attention with bf16 Q·Kᵀ and P·V products (ref::attention_bf16's arithmetic); arguments
 // as kernels::attention, validated and strides resolved by run_attention.
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
@@ -31,6 +36,9 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
 namespace avx512vnni {  // Isa::kAvx512Vnni: vpdpbusd on zmm
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q8 with the SwiGLU fused (registry.h's LinearSwigluFn; gemm_direct.h).
+bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 // Q4_G64 weights, W4A8 (fast): x quantized per row, nibbles × int8 by vpdpbusd per group of 64,
 // the group's scale and offset folded in float32 (ref::linear_w4a8's arithmetic, float sums).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
@@ -47,17 +55,17 @@ void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const fl
 // linear_q8 / linear_bf16 with the SwiGLU in the epilogue (registry.h's LinearSwigluFn): W =
 // [gate; up], out [M, W.rows() / 2] at row stride ldo; the same bits as the linear followed by
 // the AVX-512 element-wise silu_mul.
-void linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                      ThreadPool& pool, int64_t ldx, int64_t ldo);
-void linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                        ThreadPool& pool, int64_t ldx, int64_t ldo);
+bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
+bool linear_bf16_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                        ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 // Q4_G64, W4A8 with tdpbusd per group of 64 and the VNNI kernel's float32 folding (the same bits
 // as avx512vnni::linear_q4; gemm_w4a8_amx.cpp).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
 // linear_q4 with the SwiGLU in the epilogue, as linear_q8_swiglu.
-void linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                      ThreadPool& pool, int64_t ldx, int64_t ldo);
+bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 // Flash attention with bf16 tile products (ref::attention_bf16's arithmetic, as
 // avx512bf16::attention; attention_amx.cpp).
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
@@ -67,6 +75,9 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
 namespace avxvnni {  // Isa::kAvxVnni: vpdpbusd on ymm (VEX)
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q8 with the SwiGLU fused (registry.h's LinearSwigluFn; gemm_direct.h).
+bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 // Q4_G64 weights, W4A8 as avx512vnni::linear_q4 (the same bits; gemm_w4a8_avxvnni.cpp).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);

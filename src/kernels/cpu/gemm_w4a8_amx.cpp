@@ -254,9 +254,10 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   w4a8_linear<false>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
-void linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
-                      ThreadPool& pool, int64_t ldx, int64_t ldo) {
+bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn) {  // silu_v inline, as gemm_amx.cpp
   w4a8_linear<true>(x, M, K, W, bias_f32, out, pool, ldx, ldo);
+  return true;
 }
 
 }  // namespace klein::kernels::amx
