@@ -507,7 +507,12 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * s.M * s.N * s.K;
     for (const Variant& v : variants) {
       const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
-      if (set.get(kernels::Op::kLinear, v.format).name != v.kernel || !wanted(v.kernel)) continue;
+      if (set.get(kernels::Op::kLinear, v.format).name != v.kernel) continue;
+      // The MLP input with its SwiGLU (N = 18432 = [gate; up]): the linear then silu_mul over
+      // [M, 2F], against run_linear_swiglu, for the kernels that fuse it.
+      const bool swiglu_rows = s.N == 18432 && set.get(kernels::Op::kLinear, v.format).linear_swiglu &&
+                               wanted(std::string(v.kernel) + " swiglu");
+      if (!wanted(v.kernel) && !swiglu_rows) continue;
       W.dtype = v.format;
       W.data = v.format == DType::kQ8Row ? static_cast<const void*>(hwq.get()) : hwb.get();  // Q4: any bytes
       W.scales = v.format == DType::kQ8Row ? static_cast<const void*>(ws.data())
@@ -526,7 +531,28 @@ int main(int argc, char** argv) {
       const Time t = time_best(
           reps, [&] { kernels::run_linear(set, hx.get(), s.M, s.K, W, nullptr, hy.get(), pool); },
           cold ? std::function<void()>(evict_w) : std::function<void()>());
-      rows.push_back({name, pool.size(), flop, t, v.peak});
+      if (wanted(v.kernel)) rows.push_back({name, pool.size(), flop, t, v.peak});
+      if (!swiglu_rows) continue;
+      const int64_t F = s.N / 2;
+      const auto hout = host_copy(std::vector<float>(s.M * F));
+      const auto silu_mul = set.eltwise().silu_mul;
+      const Time tu = time_best(
+          reps,
+          [&] {
+            kernels::run_linear(set, hx.get(), s.M, s.K, W, nullptr, hy.get(), pool);
+            pool.parallel_for(s.M, [&](int64_t r0, int64_t r1) {
+              for (int64_t r = r0; r < r1; ++r) silu_mul(hy.get() + r * s.N, hy.get() + r * s.N + F, hout.get() + r * F, F);
+            });
+          },
+          cold ? std::function<void()>(evict_w) : std::function<void()>());
+      rows.push_back({name + " +silu_mul", pool.size(), flop, tu, v.peak});
+      const Time tf = time_best(
+          reps,
+          [&] {
+            kernels::run_linear_swiglu(set, hx.get(), s.M, s.K, W, nullptr, hout.get(), hy.get(), pool);
+          },
+          cold ? std::function<void()>(evict_w) : std::function<void()>());
+      rows.push_back({name + " swiglu fused", pool.size(), flop, tf, v.peak});
     }
   }
   // The VAE decoder's 3×3 convs (GroupNorm + SiLU prologue, as in every ResNet block) at a 256²
