@@ -85,9 +85,11 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAvxVnni, DType::kQ8Row, "gemm_int8_avxvnni", avxvnni::linear_q8, true);
   t.back().linear_swiglu = avxvnni::linear_q8_swiglu;
   add_linear(Isa::kAvxVnni, DType::kQ4G64, "gemm_w4a8_avxvnni", avxvnni::linear_q4, true);
+  t.back().linear_swiglu = avxvnni::linear_q4_swiglu;
   add_linear(Isa::kAvx512Vnni, DType::kQ8Row, "gemm_int8_avx512vnni", avx512vnni::linear_q8, true);
   t.back().linear_swiglu = avx512vnni::linear_q8_swiglu;
   add_linear(Isa::kAvx512Vnni, DType::kQ4G64, "gemm_w4a8_avx512vnni", avx512vnni::linear_q4, true);
+  t.back().linear_swiglu = avx512vnni::linear_q4_swiglu;
   // AMX: int8 tiles for Q8_ROW and Q4_G64, bf16 tiles for the float formats, for attention and
   // for the VAE's convs.
   add_linear(Isa::kAmx, DType::kQ8Row, "gemm_int8_amx", amx::linear_q8, true);

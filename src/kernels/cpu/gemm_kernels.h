@@ -43,6 +43,9 @@ bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, con
 // the group's scale and offset folded in float32 (ref::linear_w4a8's arithmetic, float sums).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q4 with the SwiGLU fused (gemm_w4a8_direct.h).
+bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 }
 namespace amx {  // Isa::kAmx: tile products (gemm_amx.cpp)
 // Q8_ROW, W8A8 with tdpbssd: bit-identical to ref::linear_w8a8, as avx512vnni::linear_q8.
@@ -81,6 +84,9 @@ bool linear_q8_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, con
 // Q4_G64 weights, W4A8 as avx512vnni::linear_q4 (the same bits; gemm_w4a8_avxvnni.cpp).
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// linear_q4 with the SwiGLU fused (gemm_w4a8_direct.h).
+bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
 }
 namespace avx2 {  // Isa::kAvx2: vpmaddubsw + vpmaddwd
 void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,

@@ -170,4 +170,10 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
   w4a8_direct_linear<Vnni512>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
+bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
+                      ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul) {
+  w4a8_direct_linear<Vnni512>(x, M, K, W, bias_f32, out, pool, ldx, ldo, silu_mul);
+  return true;
+}
+
 }  // namespace klein::kernels::avx512vnni

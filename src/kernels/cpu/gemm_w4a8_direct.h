@@ -39,45 +39,70 @@ struct W4a8Act {
   const float* sx;     // [blocks · kMR] row scales (0 for pad rows)
 };
 
-// y[m0:m1, n0:n1] (m0 % UK::kMR == 0).
+// y[m0:m1, n0:n1] (m0 % UK::kMR == 0). With silu_mul the fused SwiGLU as the W8A8 direct
+// driver's (gemm_direct.h): W = [gate; up], [n0, n1) columns of out = y [M, F], each slab a gate
+// half and an up half unpacked apart, each block's tiles of both into an L1 scratch that silu_mul
+// combines into y.
 template <class UK>
 void w4a8_direct_block(const W4a8Act& act, int64_t m0, int64_t m1, int64_t K, const Weight& W, int64_t n0,
-                       int64_t n1, const float* bias, float* y, int64_t ldy) {
+                       int64_t n1, const float* bias, float* y, int64_t ldy,
+                       void (*silu_mul)(const float*, const float*, float*, int64_t) = nullptr) {
   constexpr int MR = UK::kMR, NC = UK::kNC;
-  const int64_t G = K / 64, KQ = K / 4;
+  const int64_t G = K / 64, KQ = K / 4, F = W.rows() / 2;
   const int64_t ldw = spread_stride(K);  // the tile streams NC rows at once
-  const int64_t SL = std::clamp<int64_t>(direct_slab_bytes() / ldw / NC * NC, NC, UK::kSlabMax);
-  static thread_local UnitScratch wu_buf, nsum_buf, so_buf;
+  const int64_t SL0 = std::clamp<int64_t>(direct_slab_bytes() / ldw / NC * NC, NC, UK::kSlabMax);
+  const int64_t SL = silu_mul ? std::max<int64_t>(NC, SL0 / 2 / NC * NC) : SL0;  // SwiGLU: two halves
+  const int halves = silu_mul ? 2 : 1;
+  static thread_local UnitScratch wu_buf[2], nsum_buf[2], so_buf[2], ys_buf;
   alignas(64) float scratch[UK::kScratch];
-  uint8_t* wu = wu_buf.get<uint8_t>(SL * ldw);
-  int32_t* nsum = nsum_buf.get<int32_t>(SL * G);  // [G][SL], as s and o
-  float* s = so_buf.get<float>(2 * SL * G + 2 * G);
-  float* o = s + SL * G;
-  float* t = o + SL * G;
+  uint8_t* wu[2];
+  int32_t* nsum[2];
+  float *s[2], *o[2], *t[2];
+  for (int h = 0; h < halves; ++h) {
+    wu[h] = wu_buf[h].get<uint8_t>(SL * ldw);
+    nsum[h] = nsum_buf[h].get<int32_t>(SL * G);  // [G][SL], as s and o
+    s[h] = so_buf[h].get<float>(2 * SL * G + 2 * G);
+    o[h] = s[h] + SL * G;
+    t[h] = o[h] + SL * G;
+  }
+  float* ys = silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr;  // [MR][gate SL | up SL]
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
-    UK::unpack_slab(W, sb, sn, wu, ldw, SL, nsum, s, o, t);
-    // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group.
+    for (int h = 0; h < halves; ++h) UK::unpack_slab(W, sb + h * F, sn, wu[h], ldw, SL, nsum[h], s[h], o[h], t[h]);
+    // The next slab's nibbles are prefetched into L2 over this slab's tiles, a few lines per group
+    // (SwiGLU: each half's next rows over its own tiles).
     const int64_t next = std::clamp<int64_t>(n1 - sb - SL, 0, SL);
     const int64_t tiles = ((m1 - m0 + MR - 1) / MR) * ((sn + NC - 1) / NC);
-    const uint8_t* nsrc = static_cast<const uint8_t*>(W.data) + (next > 0 ? (sb + SL) * (K / 2) : 0);
-    SlicePrefetch pf(nsrc, K / 2, next, K / 2, tiles * G);
+    const auto* base = static_cast<const uint8_t*>(W.data);
+    SlicePrefetch pf[2] = {SlicePrefetch(base + (next > 0 ? (sb + SL) * (K / 2) : 0), K / 2, next, K / 2, tiles * G),
+                           SlicePrefetch(base + (next > 0 && silu_mul ? (F + sb + SL) * (K / 2) : 0), K / 2,
+                                         silu_mul ? next : 0, K / 2, tiles * G)};
     for (int64_t m = m0; m < m1; m += MR) {
       const int64_t b = m / MR;
-      for (int64_t nb = 0; nb < sn; nb += NC)
-        with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
-          UK::template tile<nc()>(act.qa + b * KQ * MR, wu + nb * ldw, ldw, G, SL, s + nb, o + nb, nsum + nb,
-                                  act.xs + b * G * MR, &pf, act.sx + m, bias ? bias + sb + nb : nullptr, scratch,
-                                  y + m * ldy + sb + nb, ldy, static_cast<int>(std::min<int64_t>(MR, m1 - m)));
-        });
+      const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
+      for (int h = 0; h < halves; ++h) {
+        const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
+        float* yh = silu_mul ? ys + h * SL : y + m * ldy + sb;
+        const int64_t ldh = silu_mul ? 2 * SL : ldy;
+        for (int64_t nb = 0; nb < sn; nb += NC)
+          with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
+            UK::template tile<nc()>(act.qa + b * KQ * MR, wu[h] + nb * ldw, ldw, G, SL, s[h] + nb, o[h] + nb,
+                                    nsum[h] + nb, act.xs + b * G * MR, &pf[h], act.sx + m,
+                                    bias ? bias + col0 + nb : nullptr, scratch, yh + nb, ldh, rows);
+          });
+      }
+      if (silu_mul)
+        for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
     }
   }
 }
 
-// The whole W4A8 linear (kernels.h semantics; K % 64 == 0 as Q4_G64 requires) with UK.
+// The whole W4A8 linear (kernels.h semantics; K % 64 == 0 as Q4_G64 requires) with UK; with
+// silu_mul the fused SwiGLU (registry.h's LinearSwigluFn).
 template <class UK>
 void w4a8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias, float* y,
-                        ThreadPool& pool, int64_t ldx, int64_t ldy) {
+                        ThreadPool& pool, int64_t ldx, int64_t ldy,
+                        void (*silu_mul)(const float*, const float*, float*, int64_t) = nullptr) {
   constexpr int MR = UK::kMR;
   static_assert(UK::kSlabMax % UK::kNC == 0);
   const int64_t KQ = K / 4, G = K / 64, blocks = (M + MR - 1) / MR;
@@ -88,8 +113,9 @@ void w4a8_direct_linear(const float* x, int64_t M, int64_t K, const Weight& W, c
   float* sx = sx_buf.get<float>(blocks * MR);
   UK::quantize(x, M, K, ldx, pool, qa, xs, sx);
   const W4a8Act act{qa, xs, sx};
-  split_gemm(M, W.rows(), MR, UK::kNC, UK::kItem, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    w4a8_direct_block<UK>(act, m0, m1, K, W, n0, n1, bias, y, ldy);  // m0 % MR == 0
+  const int64_t N = silu_mul ? W.rows() / 2 : W.rows(), item = silu_mul ? UK::kItem / 2 : UK::kItem;
+  split_gemm(M, N, MR, UK::kNC, item, pool, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    w4a8_direct_block<UK>(act, m0, m1, K, W, n0, n1, bias, y, ldy, silu_mul);  // m0 % MR == 0
   });
 }
 
