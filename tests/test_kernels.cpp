@@ -405,6 +405,16 @@ TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
   if (GetParam() != Isa::kScalar) EXPECT_GT(most, 0u);
 }
 
+// W's payload moved into `store` at `offset` bytes past a 64-byte boundary (W.w.data points there):
+// 0 as klein's own writers place tensors, 16 as other safetensors may.
+void place_at_line_offset(OwnedWeight& W, int offset, std::vector<uint8_t>& store) {
+  const size_t bytes = static_cast<size_t>(W.w.rows() * format_row_bytes(W.w.dtype, W.w.cols()));
+  store.assign(bytes + 128, 0);
+  uint8_t* p = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 + offset;
+  std::memcpy(p, W.w.data, bytes);
+  W.w.data = p;
+}
+
 TEST_P(Kernels, LinearFastWeightsAlignedAndNot) {
   // The weights where a model's mapped file has them: 64-byte aligned rows (klein's own writers;
   // the AMX GEMMs then read whole slabs in place) and 16 bytes off (other safetensors: copied per
@@ -418,11 +428,8 @@ TEST_P(Kernels, LinearFastWeightsAlignedAndNot) {
   for (DType dt : {DType::kQ8Row, DType::kBF16, DType::kQ4G64})
     for (int offset : {0, 16}) {
       OwnedWeight W = random_weight(dt, N, K, rng);
-      const size_t bytes = static_cast<size_t>(N * format_row_bytes(dt, K));
-      std::vector<uint8_t> store(bytes + 128);
-      uint8_t* p = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 + offset;
-      std::memcpy(p, W.w.data, bytes);
-      W.w.data = p;
+      std::vector<uint8_t> store;
+      place_at_line_offset(W, offset, store);
       SCOPED_TRACE(std::string(dtype_name(dt)) + " offset " + std::to_string(offset));
       check_linear_fast(fast, dt, M, N, K, offset == 0, 0, pool, rng, &W);
     }
@@ -505,11 +512,8 @@ TEST_P(Kernels, LinearSwigluEqualsLinearThenSiluMul) {
           if (sh.K % format_traits(dt).block_elems) continue;  // Q4_G64: whole groups of 64
           const int64_t M = sh.M, F = sh.F, K = sh.K, N = 2 * F, ldx = K + 3, ldo = F + 5;
           OwnedWeight W = random_weight(dt, N, K, rng);
-          const size_t bytes = static_cast<size_t>(N * format_row_bytes(dt, K));
-          std::vector<uint8_t> store(bytes + 128);
-          uint8_t* p = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 + offset;
-          std::memcpy(p, W.w.data, bytes);
-          W.w.data = p;
+          std::vector<uint8_t> store;
+          place_at_line_offset(W, offset, store);
           const bool with_bias = (M + offset) % 2 == 1;
           auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
           const auto x = random_vec(M * ldx, rng);

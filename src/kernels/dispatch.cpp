@@ -10,23 +10,35 @@
 
 namespace klein::kernels {
 
-void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
-                float* y, ThreadPool& pool, int64_t ldx, int64_t ldy) {
+namespace {
+
+// A linear's operands checked (W's inputs = K, the bias [N] or empty), and its bias as float32
+// (empty for none).
+std::vector<float> checked_bias_f32(const Weight& W, int64_t K, const Weight* bias) {
   const int64_t N = W.rows();
   if (W.cols() != K)
     throw std::invalid_argument("linear: " + W.name + " has " + std::to_string(W.cols()) +
                                 " inputs, x has " + std::to_string(K));
   if (bias && !bias->empty() && bias->numel() != N)
     throw std::invalid_argument("linear: bias " + bias->name + " size != " + std::to_string(N));
-  if (ldx == 0) ldx = K;
-  if (ldy == 0) ldy = N;
-  if (M <= 0 || N <= 0) return;
-  const LinearFn fn = set.get(Op::kLinear, W.dtype).linear;
-  std::vector<float> b;  // [N] bias as f32
+  std::vector<float> b;
   if (bias && !bias->empty()) {
     b.resize(N);
     weight_to_f32(*bias, 0, N, b.data());
   }
+  return b;
+}
+
+}  // namespace
+
+void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
+                float* y, ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  const int64_t N = W.rows();
+  const std::vector<float> b = checked_bias_f32(W, K, bias);  // [N] or empty
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  if (M <= 0 || N <= 0) return;
+  const LinearFn fn = set.get(Op::kLinear, W.dtype).linear;
   if (K == 0) {  // an empty sum: y = bias (the kernels need K ≥ 1)
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) y[m * ldy + n] = b.empty() ? 0.0f : b[n];
@@ -53,17 +65,8 @@ void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t 
     });
   };
   if (!fused || K == 0 || M <= 0) return unfused();
-  if (W.cols() != K)
-    throw std::invalid_argument("linear: " + W.name + " has " + std::to_string(W.cols()) +
-                                " inputs, x has " + std::to_string(K));
-  if (bias && !bias->empty() && bias->numel() != N)
-    throw std::invalid_argument("linear: bias " + bias->name + " size != " + std::to_string(N));
+  const std::vector<float> b = checked_bias_f32(W, K, bias);  // [2F] or empty
   if (ldx == 0) ldx = K;
-  std::vector<float> b;  // [2F] bias as f32
-  if (bias && !bias->empty()) {
-    b.resize(N);
-    weight_to_f32(*bias, 0, N, b.data());
-  }
   if (!fused(x, M, K, W, b.empty() ? nullptr : b.data(), out, pool, ldx, ldo, silu_mul)) unfused();
 }
 

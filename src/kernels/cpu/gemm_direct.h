@@ -48,6 +48,23 @@ inline int64_t direct_slab_bytes() {
   static const int64_t bytes = l2_cache_bytes() / 4;
   return bytes;
 }
+// Where an MR-row block's tiles write (this driver's and gemm_w4a8_direct.h's): with silu_mul
+// (the fused SwiGLU) half h (0 gate, 1 up) into the scratch ys [MR][gate SL | up SL], which
+// finish() combines by silu_mul into y's columns; without, straight into y.
+struct SwigluOut {
+  void (*silu_mul)(const float*, const float*, float*, int64_t);
+  float* ys;
+  int64_t SL;
+  float* y;
+  int64_t ldy;
+  float* half(int h, int64_t m, int64_t sb) const { return silu_mul ? ys + h * SL : y + m * ldy + sb; }
+  int64_t ld() const { return silu_mul ? 2 * SL : ldy; }
+  void finish(int64_t m, int64_t sb, int rows, int64_t sn) const {
+    if (silu_mul)
+      for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
+  }
+};
+
 constexpr int64_t kDirectSlab = 96;   // most columns per slab (a multiple of every kNC)
 constexpr int64_t kDirectItem = 384;  // columns per thread work item: a few slabs, so that each
                                       // slab but the first is prefetched by the one before
@@ -73,7 +90,7 @@ void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, i
   static thread_local UnitScratch conv_buf[2], ys_buf;
   alignas(64) int32_t corr[2][kDirectSlab];
   alignas(64) float sw[2][kDirectSlab];
-  float* ys = silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr;  // [MR][gate SL | up SL]
+  const SwigluOut out{silu_mul, silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr, SL, y, ldy};
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
     // A tile reads NC rows at once, ldw apart: at a multiple of 2 KB (K = 4096, 12288) their
@@ -109,16 +126,14 @@ void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, i
       const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
       for (int h = 0; h < halves; ++h) {
         const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
-        float* yh = silu_mul ? ys + h * SL : y + m * ldy + sb;
-        const int64_t ldh = silu_mul ? 2 * SL : ldy;
         for (int64_t nb = 0; nb < sn; nb += NC)
           with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
             UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w[h] + nb * ldw, ldw, KQ, &pf[h], corr[h] + nb, sx + m,
-                                    sw[h] + nb, bias ? bias + col0 + nb : nullptr, yh + nb, ldh, rows);
+                                    sw[h] + nb, bias ? bias + col0 + nb : nullptr, out.half(h, m, sb) + nb,
+                                    out.ld(), rows);
           });
       }
-      if (silu_mul)
-        for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
+      out.finish(m, sb, rows, sn);
     }
   }
 }

@@ -65,7 +65,7 @@ void w4a8_direct_block(const W4a8Act& act, int64_t m0, int64_t m1, int64_t K, co
     o[h] = s[h] + SL * G;
     t[h] = o[h] + SL * G;
   }
-  float* ys = silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr;  // [MR][gate SL | up SL]
+  const SwigluOut out{silu_mul, silu_mul ? ys_buf.get<float>(MR * 2 * SL) : nullptr, SL, y, ldy};
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb);
     for (int h = 0; h < halves; ++h) UK::unpack_slab(W, sb + h * F, sn, wu[h], ldw, SL, nsum[h], s[h], o[h], t[h]);
@@ -82,17 +82,15 @@ void w4a8_direct_block(const W4a8Act& act, int64_t m0, int64_t m1, int64_t K, co
       const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
       for (int h = 0; h < halves; ++h) {
         const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
-        float* yh = silu_mul ? ys + h * SL : y + m * ldy + sb;
-        const int64_t ldh = silu_mul ? 2 * SL : ldy;
         for (int64_t nb = 0; nb < sn; nb += NC)
           with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
             UK::template tile<nc()>(act.qa + b * KQ * MR, wu[h] + nb * ldw, ldw, G, SL, s[h] + nb, o[h] + nb,
                                     nsum[h] + nb, act.xs + b * G * MR, &pf[h], act.sx + m,
-                                    bias ? bias + col0 + nb : nullptr, scratch, yh + nb, ldh, rows);
+                                    bias ? bias + col0 + nb : nullptr, scratch, out.half(h, m, sb) + nb, out.ld(),
+                                    rows);
           });
       }
-      if (silu_mul)
-        for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
+      out.finish(m, sb, rows, sn);
     }
   }
 }
