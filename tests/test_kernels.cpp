@@ -369,7 +369,8 @@ TEST_P(Kernels, LinearFastLargeShapes) {
 TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
   // Memory budgets count the kernels' scratch with scratch_bound_bytes (kernels/scratch.h).
   // Whatever a GEMM family grows must stay within it: here the scratch that threads (a fresh
-  // pool's workers, and the caller) add while every linear format runs, under both precisions,
+  // pool's workers, and the caller) add while every linear format runs (plain and with the
+  // fused SwiGLU), under both precisions,
   // at a K and N that cross the slices and slabs, and at an M whose copies of x outgrow the
   // per-thread part of the bound.
   std::mt19937 rng(31);
@@ -384,6 +385,9 @@ TEST_P(Kernels, LinearScratchStaysWithinItsBound) {
         ThreadPool pool(3);
         const uint64_t before = kernels::scratch_bytes();
         kernels::run_linear(*ks, x.data(), M, K, W.w, nullptr, y.data(), pool, K, N);
+        // And the same weight as the SwiGLU's [gate; up] (the fused forms split each slab in two).
+        std::vector<float> out(M * N / 2);
+        kernels::run_linear_swiglu(*ks, x.data(), M, K, W.w, nullptr, out.data(), y.data(), pool);
         const uint64_t grown = kernels::scratch_bytes() - before;
         kernels::ScratchShape shape;
         shape.max_k = K;
