@@ -4,6 +4,8 @@
 // kernels on the VAE decoder's shapes, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds. "mix" rows time
 // two micro-kernels' instruction mixes in registers: the ceiling of those kernels on this core.
+// At N = 18432 (the MLP input) the kernels that fuse the SwiGLU get two more rows: the linear
+// followed by silu_mul, and run_linear_swiglu.
 //
 //   klein-bench_kernels [--threads N] [--reps R] [--quick] [--isa NAME] [--m M...] [--attn-s S...]
 //                       [--only KERNEL]
@@ -355,7 +357,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--isa", isa_arg, "highest ISA for the kernels: scalar, avx2, avx512, ... (default: best)");
   std::string only;
-  app.add_option("--only", only, "time only the kernels whose name contains this (e.g. int8_avx512; the peaks always)");
+  app.add_option("--only", only, "time only the kernels whose name contains this (e.g. int8_avx512; swiglu: the MLP input with its SwiGLU, fused and not; mix: the instruction-mix loops; the peaks always)");
   CLI11_PARSE(app, argc, argv);
   if (kn.size() % 2) {
     std::fprintf(stderr, "error: --kn takes K N pairs, got %zu numbers\n", kn.size());
