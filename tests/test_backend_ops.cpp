@@ -23,6 +23,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/cpu_features.h"
+#include "core/dtype.h"
 #include "kernels/kernels.h"
 #ifdef KLEIN_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -136,6 +137,66 @@ TEST_P(BackendOps, LinearOnStridedViews) {
       want[m * ldy + 2 + n] = s;
     }
   expect_near(got, want, gemm_tol(), "linear");  // columns outside the view stay 7
+}
+
+TEST_P(BackendOps, LinearSwigluOnStridedViews) {
+  // out = SiLU(x · W_gateᵀ + b_gate) · (x · W_upᵀ + b_up), W = [gate; up], into a column range of
+  // a wider tensor (the single block's cat); u is the scratch a backend may use for x · Wᵀ.
+  const int64_t M = 7, K = 37, F = 19, ldx = 45, ldo = 30;
+  const auto xs = randv(M * ldx, 11), ws = randv(2 * F * K, 12), bs = randv(2 * F, 13);
+  const Weight W = prepared(f32_weight(ws, {2 * F, K})), B = prepared(f32_weight(bs, {2 * F}));
+  Tensor x = up(xs, {M, ldx});
+  Tensor u = std::move(be->alloc({M, 2 * F}, "u")).value();
+  Tensor out = up(std::vector<float>(M * ldo, 7.0f), {M, ldo});
+  ASSERT_TRUE(be->linear_swiglu(x.view().col_range(3, 3 + K), W, &B, u, out.view().col_range(4, 4 + F)).ok());
+  std::vector<double> want(M * ldo, 7.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < F; ++j) {
+      double g = bs[j], v = bs[F + j];
+      for (int64_t k = 0; k < K; ++k) {
+        g += static_cast<double>(xs[m * ldx + 3 + k]) * ws[j * K + k];
+        v += static_cast<double>(xs[m * ldx + 3 + k]) * ws[(F + j) * K + k];
+      }
+      want[m * ldo + 4 + j] = g / (1.0 + std::exp(-g)) * v;
+    }
+  expect_near(down(out), want, gemm_tol(), "linear_swiglu");  // columns outside the view stay 7
+  // An odd row count (no [gate; up] split) and a u of the wrong shape are statuses.
+  const Weight odd = prepared(f32_weight(ws, {2 * F - 1, K}));
+  EXPECT_FALSE(be->linear_swiglu(x.view().col_range(3, 3 + K), odd, nullptr, u, out.view().col_range(4, 4 + F)).ok());
+  Tensor small = std::move(be->alloc({M, F}, "u")).value();
+  const Status s = be->linear_swiglu(x.view().col_range(3, 3 + K), W, nullptr, small, out.view().col_range(4, 4 + F));
+  EXPECT_FALSE(s.ok());
+}
+
+// Under kFast the fused SwiGLU (where this CPU's kernels have one) gives the bits of linear then
+// swiglu, on every ISA this CPU has; and its own shape checks return statuses.
+TEST(CpuBackendPrecision, FastLinearSwigluEqualsLinearThenSwiglu) {
+  const int64_t M = 37, K = 64, F = 40;
+  const auto xs = randv(M * K, 21), ws = randv(2 * F * K, 22);
+  std::vector<uint16_t> wb(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) wb[i] = f32_to_bf16(ws[i]);
+  Weight W;
+  W.name = "ff.linear_in.weight";
+  W.dtype = DType::kBF16;
+  W.shape = {2 * F, K};
+  W.data = wb.data();
+  W.nbytes = wb.size() * 2;
+  for (Isa isa : CpuFeatures::host().isas()) {
+    CpuBackend be(CpuBackendOptions{2, isa, kernels::Precision::kFast});
+    auto x = be.upload(xs.data(), {M, K}, "x");
+    auto u = be.alloc({M, 2 * F}, "u");
+    auto a = be.alloc({M, F}, "a");
+    auto b = be.alloc({M, F}, "b");
+    ASSERT_TRUE(x.ok() && u.ok() && a.ok() && b.ok());
+    ASSERT_TRUE(be.linear(x->view(), W, nullptr, u->view()).ok());
+    ASSERT_TRUE(be.swiglu(u->view().col_range(0, F), u->view().col_range(F, 2 * F), a->view()).ok());
+    ASSERT_TRUE(be.linear_swiglu(x->view(), W, nullptr, u->view(), b->view()).ok());
+    for (int64_t i = 0; i < M * F; ++i) ASSERT_EQ(a->data()[i], b->data()[i]) << i << " on " << isa_name(isa);
+    auto small = be.alloc({M, F}, "u");
+    ASSERT_TRUE(small.ok());
+    EXPECT_FALSE(be.linear_swiglu(x->view(), W, nullptr, small->view(), b->view()).ok()) << isa_name(isa);
+    EXPECT_FALSE(be.linear_swiglu(x->view(), W, nullptr, u->view(), u->view()).ok()) << isa_name(isa);
+  }
 }
 
 // The precision choice reaches the kernels: kFast computes a Q8_ROW linear as W8A8 (bit-equal

@@ -125,9 +125,14 @@ Status CpuBackend::linear_swiglu(const TensorView& x, const Weight& W, const Wei
     return Backend::linear_swiglu(x, W, bias, u_scratch, out);
   KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "x", x));
   KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "out", out));
+  KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "u", u_scratch));
   if (W.rows() % 2 != 0 || out.rows() != x.rows() || out.cols() != W.rows() / 2)
     return bad("linear_swiglu", W.name + ": out is " + shape_str(out.shape_vec()) + ", expected [" +
                                     std::to_string(x.rows()) + ", " + std::to_string(W.rows() / 2) + "]");
+  // u is written only where the kernel declines the case (then the linear and silu_mul run).
+  if (u_scratch.rows() != x.rows() || u_scratch.cols() != W.rows())
+    return bad("linear_swiglu", W.name + ": u is " + shape_str(u_scratch.shape_vec()) + ", expected [" +
+                                    std::to_string(x.rows()) + ", " + std::to_string(W.rows()) + "]");
   return guarded("linear_swiglu", [&] {
     kernels::run_linear_swiglu(kernels_, x.f32(), x.rows(), x.cols(), W, bias, out.f32(), u_scratch.f32(), pool_,
                                x.ld(), out.ld(), u_scratch.ld());
