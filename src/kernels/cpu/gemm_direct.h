@@ -48,9 +48,10 @@ inline int64_t direct_slab_bytes() {
   static const int64_t bytes = l2_cache_bytes() / 4;
   return bytes;
 }
+
 // Where an MR-row block's tiles write (this driver's and gemm_w4a8_direct.h's): with silu_mul
 // (the fused SwiGLU) half h (0 gate, 1 up) into the scratch ys [MR][gate SL | up SL], which
-// finish() combines by silu_mul into y's columns; without, straight into y.
+// block() then combines by silu_mul into y's columns; without, straight into y.
 struct SwigluOut {
   void (*silu_mul)(const float*, const float*, float*, int64_t);
   float* ys;
@@ -59,7 +60,16 @@ struct SwigluOut {
   int64_t ldy;
   float* half(int h, int64_t m, int64_t sb) const { return silu_mul ? ys + h * SL : y + m * ldy + sb; }
   int64_t ld() const { return silu_mul ? 2 * SL : ldy; }
-  void finish(int64_t m, int64_t sb, int rows, int64_t sn) const {
+
+  // The tiles of the MR-row block at m across the slab's sn columns from sb, for each half:
+  // tile(h, nb, nc, yt, ldt) for columns [nb, nb + nc) (nc ≤ NC as a template constant) into yt
+  // (rows ldt apart); then, fused, silu_mul over the block's rows.
+  template <int NC, class Tile>
+  void block(int64_t m, int64_t sb, int64_t sn, int rows, const Tile& tile) const {
+    for (int h = 0; h < (silu_mul ? 2 : 1); ++h)
+      for (int64_t nb = 0; nb < sn; nb += NC)
+        with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)),
+                      [&](auto nc) { tile(h, nb, nc, half(h, m, sb) + nb, ld()); });
     if (silu_mul)
       for (int r = 0; r < rows; ++r) silu_mul(ys + r * 2 * SL, ys + r * 2 * SL + SL, y + (m + r) * ldy + sb, sn);
   }
@@ -124,16 +134,11 @@ void direct_block(const uint32_t* qa, int64_t KQ, const float* sx, int64_t m0, i
                                          RB, tiles * (KQ / 16))};
     for (int64_t m = m0; m < m1; m += MR) {
       const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
-      for (int h = 0; h < halves; ++h) {
+      out.block<NC>(m, sb, sn, rows, [&](int h, int64_t nb, auto nc, float* yt, int64_t ldt) {
         const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
-        for (int64_t nb = 0; nb < sn; nb += NC)
-          with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
-            UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w[h] + nb * ldw, ldw, KQ, &pf[h], corr[h] + nb, sx + m,
-                                    sw[h] + nb, bias ? bias + col0 + nb : nullptr, out.half(h, m, sb) + nb,
-                                    out.ld(), rows);
-          });
-      }
-      out.finish(m, sb, rows, sn);
+        UK::template tile<nc()>(qa + (m / MR) * KQ * MR, w[h] + nb * ldw, ldw, KQ, &pf[h], corr[h] + nb, sx + m,
+                                sw[h] + nb, bias ? bias + col0 + nb : nullptr, yt, ldt, rows);
+      });
     }
   }
 }

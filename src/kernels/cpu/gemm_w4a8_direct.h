@@ -80,17 +80,12 @@ void w4a8_direct_block(const W4a8Act& act, int64_t m0, int64_t m1, int64_t K, co
     for (int64_t m = m0; m < m1; m += MR) {
       const int64_t b = m / MR;
       const int rows = static_cast<int>(std::min<int64_t>(MR, m1 - m));
-      for (int h = 0; h < halves; ++h) {
+      out.block<NC>(m, sb, sn, rows, [&](int h, int64_t nb, auto nc, float* yt, int64_t ldt) {
         const int64_t col0 = sb + h * F;  // the half's first row of W (bias index)
-        for (int64_t nb = 0; nb < sn; nb += NC)
-          with_cols<NC>(static_cast<int>(std::min<int64_t>(NC, sn - nb)), [&](auto nc) {
-            UK::template tile<nc()>(act.qa + b * KQ * MR, wu[h] + nb * ldw, ldw, G, SL, s[h] + nb, o[h] + nb,
-                                    nsum[h] + nb, act.xs + b * G * MR, &pf[h], act.sx + m,
-                                    bias ? bias + col0 + nb : nullptr, scratch, out.half(h, m, sb) + nb, out.ld(),
-                                    rows);
-          });
-      }
-      out.finish(m, sb, rows, sn);
+        UK::template tile<nc()>(act.qa + b * KQ * MR, wu[h] + nb * ldw, ldw, G, SL, s[h] + nb, o[h] + nb, nsum[h] + nb,
+                                act.xs + b * G * MR, &pf[h], act.sx + m, bias ? bias + col0 + nb : nullptr, scratch, yt,
+                                ldt, rows);
+      });
     }
   }
 }
