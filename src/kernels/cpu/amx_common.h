@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/eltwise_v16.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 
 namespace klein::kernels {
@@ -130,6 +131,29 @@ inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y
       const int n = std::min(16, rows - h * 16);
       for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + q * 16, cm, out(r[i], h * 16 + i, q));
     }
+  }
+}
+
+// The fused SwiGLU's store of a 32 × 32 block of sums c[n][m] (rows 32 values apart) whose rows
+// n 0-15 are 16 gate columns and rows 16-31 the same up columns: out[m][j] = SiLU(g) · u for
+// m < rows, j < cols, where g = val(gate sums of row m, m, mask, 0) and u = val(…, 1) are the
+// values the plain epilogue would store, combined by EltwiseSimd<V16>::silu_v and a multiply —
+// the element-wise silu_mul's operations, so the bits of the unfused GEMM followed by it.
+template <class Val>
+inline void amx_store_swiglu(const uint32_t* c, int rows, int cols, float* out, int64_t ldo, const Val& val) {
+  const __mmask16 cm = col_mask(cols);
+  alignas(64) float gate[16][16];
+  for (int h = 0; h * 16 < rows; ++h) {
+    const int n = std::min(16, rows - h * 16);
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * 32 + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i) _mm512_store_ps(gate[i], val(r[i], h * 16 + i, 0));
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * 32 + h * 16);
+    amx_transpose16x16(r);
+    for (int i = 0; i < n; ++i)
+      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
+                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), val(r[i], h * 16 + i, 1)));
   }
 }
 

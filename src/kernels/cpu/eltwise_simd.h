@@ -4,7 +4,7 @@
 // exp, a swap of adjacent lanes (interleaved RoPE) and the float → double widening of both
 // halves of a vector (norm statistics are summed in double, as the reference does).
 //
-// Include ONLY from those two files (and gemm_amx.cpp, for the fused SwiGLU: eltwise_v16.h).
+// Include ONLY from those two files (and, through eltwise_v16.h, amx_common.h: the fused SwiGLU).
 // Everything here has internal linkage, so each file keeps its
 // own copy compiled with its own ISA flags: a shared inline function would be one symbol that the
 // linker could resolve to the AVX-512 copy for an AVX2 caller.

@@ -1,7 +1,7 @@
 // The 16-lane zmm vector type of the AVX-512 element-wise kernels (eltwise_simd.h's V): the
-// element-wise file instantiates EltwiseSimd over it, and the AMX GEMM's fused SwiGLU epilogue
-// (gemm_amx.cpp) calls the same EltwiseSimd<V16>::silu_v, so that the fused result has the bits
-// of the GEMM followed by the element-wise silu_mul.
+// element-wise file instantiates EltwiseSimd over it, and the AMX GEMMs' fused SwiGLU store
+// (amx_common.h's amx_store_swiglu) calls the same EltwiseSimd<V16>::silu_v, so that the fused
+// result has the bits of the GEMM followed by the element-wise silu_mul.
 //
 // Include ONLY from *_avx512.cpp / *_amx.cpp files (internal linkage, AVX-512 F/BW/DQ/VL).
 #pragma once

@@ -38,7 +38,6 @@
 
 #include "kernels/cpu/amx_common.h"
 #include "kernels/cpu/avx512_convert.h"
-#include "kernels/cpu/eltwise_v16.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
@@ -120,34 +119,18 @@ void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const floa
                        [&](__m512i v, int m, int q) { return rescale<kInt8>(v, sx[m], vw[q], vb[q]); });
 }
 
-// The fused SwiGLU's epilogue: c[n][m] holds gate columns 0-15 in rows n 0-15 and the same up
-// columns in rows 16-31; out[m][j] = SiLU(gate) · up for j < cols, each value rescaled as
-// epilogue's (sw / bias: _g for gate, _u for up) and combined by EltwiseSimd<V16>'s silu_v and a
-// multiply — the operations of the unfused GEMM followed by the element-wise silu_mul, so the
-// same bits.
+// The fused SwiGLU's epilogue (amx_store_swiglu): gate and up values rescaled as epilogue's, with
+// sw / bias _g for the gate columns, _u for the up ones.
 template <bool kInt8>
 void epilogue_swiglu(const uint32_t* c, int rows, int cols, const float* sx, const float* sw_g, const float* sw_u,
                      const float* bias_g, const float* bias_u, float* out, int64_t ldo) {
   const __mmask16 cm = col_mask(cols);
-  const __m512 vbg = bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps();
-  const __m512 vbu = bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps();
-  const __m512 vwg = kInt8 ? _mm512_maskz_loadu_ps(cm, sw_g) : _mm512_setzero_ps();
-  const __m512 vwu = kInt8 ? _mm512_maskz_loadu_ps(cm, sw_u) : _mm512_setzero_ps();
-  alignas(64) float gate[16][16];
-  for (int h = 0; h * 16 < rows; ++h) {
-    const int n = std::min(16, rows - h * 16);
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * 32 + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i) _mm512_store_ps(gate[i], rescale<kInt8>(r[i], sx[h * 16 + i], vwg, vbg));
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * 32 + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i) {
-      const __m512 up = rescale<kInt8>(r[i], sx[h * 16 + i], vwu, vbu);
-      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
-                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), up));
-    }
-  }
+  const __m512 vb[2] = {bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps(),
+                        bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps()};
+  const __m512 vw[2] = {kInt8 ? _mm512_maskz_loadu_ps(cm, sw_g) : _mm512_setzero_ps(),
+                        kInt8 ? _mm512_maskz_loadu_ps(cm, sw_u) : _mm512_setzero_ps()};
+  amx_store_swiglu(c, rows, cols, out, ldo,
+                   [&](__m512i v, int m, int half) { return rescale<kInt8>(v, sx[m], vw[half], vb[half]); });
 }
 
 // The tiles' view of a slab: weight rows [r0, r0 + n), or with kSwiglu (W = [gate; up], F rows

@@ -18,7 +18,6 @@
 #include <cstring>
 
 #include "kernels/cpu/amx_common.h"
-#include "kernels/cpu/eltwise_v16.h"
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/gemm_units.h"
@@ -147,32 +146,16 @@ __attribute__((noinline)) void tile_fold(const uint8_t* wu, int64_t ldw, int64_t
   fold_half(hi, 16, g1 - 1, G, s, o, xt, f);
 }
 
-// out[m][j] = SiLU(gate) · up from the float sums f[n][m] of a group of the fused SwiGLU (rows
-// n 0-15 gate columns, 16-31 their up rows): each value fma(f, s_x, bias) as the plain
-// epilogue's, combined by EltwiseSimd<V16>'s silu_v and a multiply, as the linear followed by
-// the element-wise silu_mul computes them.
+// The fused SwiGLU's epilogue (amx_store_swiglu) from a group's float sums f[n][m]: each value
+// fma(f, s_x, bias) as the plain epilogue's (bias_g for the gate columns, bias_u for the up ones).
 void epilogue_swiglu(const float* f, int rows, int cols, const float* sx, const float* bias_g, const float* bias_u,
                      float* out, int64_t ldo) {
   const __mmask16 cm = col_mask(cols);
-  const __m512 vbg = bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps();
-  const __m512 vbu = bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps();
-  const auto* c = reinterpret_cast<const uint32_t*>(f);
-  alignas(64) float gate[16][16];
-  for (int h = 0; h * 16 < rows; ++h) {
-    const int n = std::min(16, rows - h * 16);
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * kMR + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i)
-      _mm512_store_ps(gate[i], _mm512_fmadd_ps(_mm512_castsi512_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]), vbg));
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * kMR + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i) {
-      const __m512 up = _mm512_fmadd_ps(_mm512_castsi512_ps(r[i]), _mm512_set1_ps(sx[h * 16 + i]), vbu);
-      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
-                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), up));
-    }
-  }
+  const __m512 vb[2] = {bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps(),
+                        bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps()};
+  amx_store_swiglu(reinterpret_cast<const uint32_t*>(f), rows, cols, out, ldo, [&](__m512i v, int m, int half) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(sx[m]), vb[half]);
+  });
 }
 
 // y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of kSlabMax
