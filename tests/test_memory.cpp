@@ -3,6 +3,8 @@
 // residency hint that streaming relies on (MADV_DONTNEED releasing a mapping's pages).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +15,7 @@
 #include "api/memory_plan.h"
 #include "api/memory_needs.h"
 #include "core/host_memory.h"
+#include "core/tensor.h"
 #include "io/safetensors.h"
 #include "kernels/scratch.h"
 #include "klein/klein.h"
@@ -293,5 +296,37 @@ TEST(HostMemory, AlignmentAndHugePageAdvice) {
     }
     std::memset(p, 1, n);
     std::free(p);
+  }
+}
+
+// Tensors are zero-initialised and 64-byte aligned, and a large one becomes resident only as it
+// is written (core/tensor.cpp: calloc, no clearing pass over fresh pages), so a scratch the
+// kernels never write — the fused SwiGLU's [rows, 2F] — costs no RSS. A reused block is still
+// zero: the heap's own memory, written and freed, comes back cleared.
+TEST(HostMemory, TensorPagesBecomeResidentOnlyWhenWritten) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's allocator and shadow memory change what RSS counts";
+#endif
+  const int64_t n = int64_t{64} << 20;  // 256 MiB of floats
+  const uint64_t before = klein::api::process_rss_bytes();
+  auto t = klein::Tensor::alloc({n}, "a test tensor");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data()) % 64, 0u);
+  const uint64_t allocated = klein::api::process_rss_bytes();
+  EXPECT_LT(allocated, before + (uint64_t{16} << 20)) << "a fresh tensor's pages were touched";
+  float* d = t->data();
+  for (int64_t i = 0; i < n / 2; i += 1024) d[i] = 1.0f;  // the first half, one write per 4 KiB page
+  const uint64_t half = klein::api::process_rss_bytes();
+  EXPECT_GT(half, allocated + uint64_t(n) * 4 / 2 * 3 / 4);
+  EXPECT_LT(half, allocated + uint64_t(n) * 4 / 2 + (uint64_t{16} << 20));
+  for (int64_t i = n / 2; i < n; i += 4093) ASSERT_EQ(d[i], 0.0f) << i;  // never written: still zero
+
+  for (int64_t size : {int64_t{3}, int64_t{1000}, int64_t{300000}}) {  // heap-sized blocks, reused
+    for (int round = 0; round < 3; ++round) {
+      klein::Tensor s({size});
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(s.data()) % 64, 0u) << size;
+      for (int64_t i = 0; i < size; ++i) ASSERT_EQ(s.data()[i], 0.0f) << size << " round " << round << " at " << i;
+      std::fill(s.data(), s.data() + size, 7.0f);
+    }
   }
 }
