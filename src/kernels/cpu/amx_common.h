@@ -89,6 +89,10 @@ inline void amx_step(const void* a0, const void* a1, int64_t lda, const void* b0
 // network (32-bit and 64-bit unpacks, then two 128-bit lane shuffles), 64 three-operand shuffles
 // with no index registers. transpose16x16_epi32's vpermt2d stages overwrite a source each, and
 // in the epilogue GCC spilled around them (~9 % of a bf16 GEMM in amx_block's epilogue).
+// (GCC 12's -Wuninitialized flags the unpacks' _mm512_undefined_epi32 operand once this is
+// inlined into the piecewise stores, a false positive: that operand is undefined by design.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 inline void amx_transpose16x16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
@@ -115,23 +119,29 @@ inline void amx_transpose16x16(__m512i r[16]) {
     r[12 + j] = _mm512_shuffle_i32x4(t[4 + j], t[12 + j], 0xdd);  // column 12 + j (lane 3)
   }
 }
+#pragma GCC diagnostic pop
 
 // The AMX GEMMs compute yᵀ (tiles of weight rows × activation rows). A 32 × 32 block of 4-byte
 // sums c[n][m] (n: weight row, m: activation row; rows 32 values apart) goes out to y[m][n] for
 // m < rows, n < cols: per 16 × 16 quarter, 16 zmm transposed (amx_transpose16x16), then
 // y[m][16q .. 16q + 15] = out(v, m, q) with v row m's 16 sums along n.
+// In pieces (the GEMMs run a block's store between the next block's tile steps, see
+// gemm_amx.cpp's BlockStore): amx_store_pieces(rows, cols) quarters, piece p one of them.
+inline int amx_store_pieces(int rows, int cols) { return (cols + 15) / 16 * ((rows + 15) / 16); }
+template <class Out>
+inline void amx_store_transposed_piece(const uint32_t* c, int rows, int cols, float* y, int64_t ldy, const Out& out,
+                                       int p) {
+  const int nh = (rows + 15) / 16, q = p / nh, h = p % nh;
+  const __mmask16 cm = col_mask(cols - q * 16);
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (q * 16 + i) * 32 + h * 16);
+  amx_transpose16x16(r);
+  const int n = std::min(16, rows - h * 16);
+  for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + q * 16, cm, out(r[i], h * 16 + i, q));
+}
 template <class Out>
 inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y, int64_t ldy, const Out& out) {
-  for (int q = 0; q * 16 < cols; ++q) {
-    const __mmask16 cm = col_mask(cols - q * 16);
-    for (int h = 0; h * 16 < rows; ++h) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (q * 16 + i) * 32 + h * 16);
-      amx_transpose16x16(r);
-      const int n = std::min(16, rows - h * 16);
-      for (int i = 0; i < n; ++i) _mm512_mask_storeu_ps(y + (h * 16 + i) * ldy + q * 16, cm, out(r[i], h * 16 + i, q));
-    }
-  }
+  for (int p = 0, n = amx_store_pieces(rows, cols); p < n; ++p) amx_store_transposed_piece(c, rows, cols, y, ldy, out, p);
 }
 
 // The fused SwiGLU's store of a 32 × 32 block of sums c[n][m] (rows 32 values apart) whose rows
@@ -139,22 +149,30 @@ inline void amx_store_transposed(const uint32_t* c, int rows, int cols, float* y
 // m < rows, j < cols, where g = val(gate sums of row m, m, mask, 0) and u = val(…, 1) are the
 // values the plain epilogue would store, combined by EltwiseSimd<V16>::silu_v and a multiply —
 // the element-wise silu_mul's operations, so the bits of the unfused GEMM followed by it.
+// In pieces as amx_store_transposed: amx_swiglu_pieces(rows), two per 16 rows — piece 2h the
+// gate values of rows 16h.. into `gate` (16 × 16 floats, the caller's), piece 2h + 1 the up
+// values and the products; run in order.
+inline int amx_swiglu_pieces(int rows) { return 2 * ((rows + 15) / 16); }
+template <class Val>
+inline void amx_store_swiglu_piece(const uint32_t* c, int rows, int cols, float* out, int64_t ldo, const Val& val,
+                                   float (*gate)[16], int p) {
+  const int h = p / 2, n = std::min(16, rows - h * 16);
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (p % 2 ? 16 + i : i) * 32 + h * 16);
+  amx_transpose16x16(r);
+  if (p % 2 == 0) {
+    for (int i = 0; i < n; ++i) _mm512_store_ps(gate[i], val(r[i], h * 16 + i, 0));
+    return;
+  }
+  const __mmask16 cm = col_mask(cols);
+  for (int i = 0; i < n; ++i)
+    _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
+                          _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), val(r[i], h * 16 + i, 1)));
+}
 template <class Val>
 inline void amx_store_swiglu(const uint32_t* c, int rows, int cols, float* out, int64_t ldo, const Val& val) {
-  const __mmask16 cm = col_mask(cols);
   alignas(64) float gate[16][16];
-  for (int h = 0; h * 16 < rows; ++h) {
-    const int n = std::min(16, rows - h * 16);
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + i * 32 + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i) _mm512_store_ps(gate[i], val(r[i], h * 16 + i, 0));
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(c + (16 + i) * 32 + h * 16);
-    amx_transpose16x16(r);
-    for (int i = 0; i < n; ++i)
-      _mm512_mask_storeu_ps(out + (h * 16 + i) * ldo, cm,
-                            _mm512_mul_ps(EltwiseSimd<V16>::silu_v(_mm512_load_ps(gate[i])), val(r[i], h * 16 + i, 1)));
-  }
+  for (int p = 0, n = amx_swiglu_pieces(rows); p < n; ++p) amx_store_swiglu_piece(c, rows, cols, out, ldo, val, gate, p);
 }
 
 }  // namespace

@@ -66,12 +66,15 @@ struct SlabRows {
 // apart, start from `cin` (null: zero) and go to `cout`. a: the block's packed activations
 // [KU][32] units (KU a multiple of kStepUnits). pf->step() once per kPfSteps steps: the driver's
 // prefetch of the next slab, spread thin (all of a tile's share at once stalled on the fill
-// buffers: 38 % of the driver's samples sat on it).
+// buffers: 38 % of the driver's samples sat on it). store->step() once per kStoreSteps steps:
+// a piece of the previous block's epilogue (BlockStore), whose vector work then overlaps these
+// tile products.
 constexpr int64_t kPfSteps = 4;
-template <bool kInt8>
+constexpr int64_t kStoreSteps = 8;  // a multiple of kPfSteps
+template <bool kInt8, class Store>
 __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t second, int64_t s0, int64_t s1,
-                                          const uint32_t* a, SlicePrefetch* pf, SlicePrefetch* pf2, const void* cin,
-                                          void* cout) {
+                                          const uint32_t* a, SlicePrefetch* pf, SlicePrefetch* pf2, Store* store,
+                                          const void* cin, void* cout) {
   if (cin)
     amx_acc_load(cin, kMR * 4);
   else
@@ -88,6 +91,7 @@ __attribute__((noinline)) void tile_32x32(const uint8_t* w, int64_t ldw, int64_t
     pf->step();
     pf2->step();
     for (int64_t i = s; i < s + kPfSteps; ++i) step(i);
+    if ((s - s0) % kStoreSteps == kStoreSteps - kPfSteps) store->step();
   }
   for (; s < s1; ++s) step(s);
   amx_acc_store(cout, kMR * 4);  // c[n][m]: tmm0 n 0-15 m 0-15, tmm1 m 16-31, tmm2 / tmm3 n 16-31
@@ -105,33 +109,50 @@ inline __m512 rescale(__m512i v, float sx, __m512 vw, __m512 vb) {
   }
 }
 
-// y[rows × cols] from the block sums c[n][m] (amx_store_transposed): rescale with sw[n], bias[n].
-template <bool kInt8>
-void epilogue(const uint32_t* c, int rows, int cols, const float* sx, const float* sw, const float* bias, float* y,
-              int64_t ldy) {
-  __m512 vb[2], vw[2];
-  for (int q = 0; q < 2; ++q) {
-    const __mmask16 cm = col_mask(std::max(0, cols - q * 16));
-    vb[q] = bias ? _mm512_maskz_loadu_ps(cm, bias + q * 16) : _mm512_setzero_ps();
-    vw[q] = kInt8 ? _mm512_maskz_loadu_ps(cm, sw + q * 16) : _mm512_setzero_ps();
-  }
-  amx_store_transposed(c, rows, cols, y, ldy,
-                       [&](__m512i v, int m, int q) { return rescale<kInt8>(v, sx[m], vw[q], vb[q]); });
-}
+// A finished block's epilogue, y[rows × cols] from its sums c[n][m], kept to be run in pieces
+// (16 × 16 quarters, amx_store_transposed; SwiGLU: per 16 rows the gate values, then the up
+// values and products, amx_store_swiglu) between the next block's tile steps (tile_32x32), so
+// that its transposes, rescales and stores overlap the tile unit's products instead of following
+// them: in a stand-alone loop of the GEMM's pattern the store in line took 12-14 % of the time,
+// 6-9 % so interleaved. The caller double-buffers c. Each value is rescale<kInt8>'s with sw[n]
+// and bias[n] (SwiGLU: _u for the up columns), so the bits are the in-line store's.
+template <bool kInt8, bool kSwiglu>
+struct BlockStore {
+  const uint32_t* c = nullptr;
+  const float* sx = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int rows = 0, cols = 0, pieces = 0, done = 0;
+  __m512 vw[2], vb[2];  // per 16 columns (SwiGLU: gate, up)
+  alignas(64) float gate[kSwiglu ? 16 : 1][16];  // SwiGLU: the gate values between pieces
 
-// The fused SwiGLU's epilogue (amx_store_swiglu): gate and up values rescaled as epilogue's, with
-// sw / bias _g for the gate columns, _u for the up ones.
-template <bool kInt8>
-void epilogue_swiglu(const uint32_t* c, int rows, int cols, const float* sx, const float* sw_g, const float* sw_u,
-                     const float* bias_g, const float* bias_u, float* out, int64_t ldo) {
-  const __mmask16 cm = col_mask(cols);
-  const __m512 vb[2] = {bias_g ? _mm512_maskz_loadu_ps(cm, bias_g) : _mm512_setzero_ps(),
-                        bias_u ? _mm512_maskz_loadu_ps(cm, bias_u) : _mm512_setzero_ps()};
-  const __m512 vw[2] = {kInt8 ? _mm512_maskz_loadu_ps(cm, sw_g) : _mm512_setzero_ps(),
-                        kInt8 ? _mm512_maskz_loadu_ps(cm, sw_u) : _mm512_setzero_ps()};
-  amx_store_swiglu(c, rows, cols, out, ldo,
-                   [&](__m512i v, int m, int half) { return rescale<kInt8>(v, sx[m], vw[half], vb[half]); });
-}
+  void set(const uint32_t* c_, int rows_, int cols_, const float* sx_, const float* sw, const float* sw_u,
+           const float* bias, const float* bias_u, float* y_, int64_t ldy_) {
+    c = c_, rows = rows_, cols = cols_, sx = sx_, y = y_, ldy = ldy_, done = 0;
+    for (int q = 0; q < 2; ++q) {
+      // SwiGLU: q is the half (gate, up), over the same columns; else columns 16q ...
+      const __mmask16 cm = col_mask(kSwiglu ? cols : std::max(0, cols - q * 16));
+      const float* b = kSwiglu ? (q ? bias_u : bias) : (bias ? bias + q * 16 : nullptr);
+      const float* w = kSwiglu ? (q ? sw_u : sw) : sw + q * 16;
+      vb[q] = b ? _mm512_maskz_loadu_ps(cm, b) : _mm512_setzero_ps();
+      vw[q] = kInt8 ? _mm512_maskz_loadu_ps(cm, w) : _mm512_setzero_ps();
+    }
+    pieces = kSwiglu ? amx_swiglu_pieces(rows) : amx_store_pieces(rows, cols);
+  }
+  void piece(int p) {
+    auto val = [&](__m512i v, int m, int q) { return rescale<kInt8>(v, sx[m], vw[q], vb[q]); };
+    if constexpr (kSwiglu)
+      amx_store_swiglu_piece(c, rows, cols, y, ldy, val, gate, p);
+    else
+      amx_store_transposed_piece(c, rows, cols, y, ldy, val, p);
+  }
+  void step() {
+    if (done < pieces) piece(done++);
+  }
+  void finish() {
+    while (done < pieces) piece(done++);
+  }
+};
 
 // The tiles' view of a slab: weight rows [r0, r0 + n), or with kSwiglu (W = [gate; up], F rows
 // each) output columns [r0, r0 + n), i.e. gate rows r0 .. and up rows F + r0 .. in 16-row
@@ -210,7 +231,9 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
   const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (kSlabMax * 64));  // tile steps per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch conv, part_buf;
-  alignas(64) uint32_t c[kNR * kMR];
+  alignas(64) uint32_t c[2][kNR * kMR];  // sums of the block being computed / being stored
+  BlockStore<kInt8, kSwiglu> store[2];
+  int cur = 0;  // store[cur ^ 1] (of c[cur ^ 1]) runs during the next tile loop
   alignas(64) float sw[kSlabMax];  // rows' scales; SwiGLU: the gate rows' then (from SL) the up rows'
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb), ng = (sn + per_group - 1) / per_group;
@@ -243,20 +266,21 @@ void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int6
         for (int64_t g = 0; g < ng; ++g) {
           const int64_t nb = g * per_group;
           uint32_t* pn = chunked ? part + (mb * ng + g) * kNR * kMR : nullptr;
-          tile_32x32<kInt8>(s.rows + g * s.group, s.ld, s.second, k0, k1, a, &pf, &pf2, k0 > 0 ? pn : nullptr,
-                            last ? c : pn);
+          tile_32x32<kInt8>(s.rows + g * s.group, s.ld, s.second, k0, k1, a, &pf, &pf2, &store[cur ^ 1],
+                            k0 > 0 ? pn : nullptr, last ? c[cur] : pn);
+          store[cur ^ 1].finish();
           if (!last) continue;
           const int cols = static_cast<int>(std::min<int64_t>(per_group, sn - nb));
-          if constexpr (kSwiglu)
-            epilogue_swiglu<kInt8>(c, rows, cols, sx + m, sw + nb, sw + SL + nb, bias ? bias + sb + nb : nullptr,
-                                   bias ? bias + F + sb + nb : nullptr, y + m * ldy + sb + nb, ldy);
-          else
-            epilogue<kInt8>(c, rows, cols, sx + m, sw + nb, bias ? bias + sb + nb : nullptr, y + m * ldy + sb + nb,
-                            ldy);
+          // sw is the slab's: set() takes its values now, before the next slab overwrites it.
+          store[cur].set(c[cur], rows, cols, sx + m, sw + nb, kSwiglu ? sw + SL + nb : nullptr,
+                         bias ? bias + sb + nb : nullptr, kSwiglu && bias ? bias + F + sb + nb : nullptr,
+                         y + m * ldy + sb + nb, ldy);
+          cur ^= 1;
         }
       }
     }
   }
+  store[cur ^ 1].finish();
 }
 
 // The whole linear (kernels.h semantics): x packed into [blocks][KU][32] units (int8: quantized
