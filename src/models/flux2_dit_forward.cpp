@@ -114,8 +114,8 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_RETURN_IF_ERROR(be.gated_add(himg, oimg, st.mi.gate_msa));
 
   // Feed-forward (SwiGLU) per chunk of rows, text and image rows apart (their own weights):
-  // hidden u [R, 2F] (gate | up; not written where the linear fuses the SwiGLU), activation [R, F]
-  // in cat.
+  // hidden u [R, 2F] (gate | up; not written where the linear fuses the SwiGLU, and then never
+  // resident: host tensors are calloc'ed), activation [R, F] in cat.
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(htxt, ntxt, st.mt.onep_mlp, st.mt.shift_mlp, eps));
   KLEIN_RETURN_IF_ERROR(be.modulated_layer_norm(himg, nimg, st.mi.onep_mlp, st.mi.shift_mlp, eps));
   auto ff = [&](int64_t r0, int64_t r1, const Weight& w_in, const Weight& w_out) -> Status {
