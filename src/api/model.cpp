@@ -2,6 +2,9 @@
 // exception crosses the API.
 #include <cmath>
 #include <cstring>
+#if defined(__GLIBC__)  // (defined by the libc headers above)
+#include <malloc.h>
+#endif
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -89,7 +92,11 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
   // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
-  // the allocator's slack.
+  // the allocator's slack. Free heap memory the allocator kept (the CLI keeps up to 256 MiB, and a
+  // server's earlier requests leave some) is returned first, so that it is not counted as in use.
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
   n.base = api::process_rss_bytes() + (uint64_t{64} << 20);
   n.resident = options.memory == MemoryPolicy::kResident;
   n.vae_forced_tile = options.vae_tile;
