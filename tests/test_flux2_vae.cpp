@@ -197,6 +197,13 @@ TEST(Flux2Vae, BatchIsPerItem) {
   auto m = vae.encode_mean(img, ctx);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   EXPECT_EQ(m->shape(), (Shape{2, 32, 2, 3}));
+  // The second item runs in the buffers the first one left (BufferPool): stale values must not
+  // show, so it equals the item encoded alone — as the decode's second item above.
+  Tensor img1({1, 3, 16, 24});
+  std::memcpy(img1.data(), img.data() + img1.numel(), img1.numel() * sizeof(float));
+  auto m1 = vae.encode_mean(img1, ctx);
+  ASSERT_TRUE(m1.ok());
+  for (int64_t i = 0; i < m1->numel(); ++i) ASSERT_EQ(m1->data()[i], m->data()[m1->numel() + i]);
 }
 
 // ------------------------------------------------------------------------------------------

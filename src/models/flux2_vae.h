@@ -27,6 +27,8 @@
 
 namespace klein {
 
+class BufferPool;
+
 struct Flux2VaeConfig {
   int64_t in_channels = 3;
   int64_t out_channels = 3;
@@ -148,18 +150,22 @@ class Flux2Vae {
 
   // The blocks, on one batch item [1, C, H, W] (the tiling and streaming granularity).
   // ResnetBlock2D: x → shortcut(x) + conv2(silu(gn2(conv1(silu(gn1(x)))))).
-  Result<Tensor> resnet(const Resnet& r, Tensor x, const RunContext& ctx) const;
+  // Tensors it allocates come from `pool` when one is given (see BufferPool), else from the backend.
+  Result<Tensor> resnet(const Resnet& r, Tensor x, const RunContext& ctx, BufferPool* pool = nullptr) const;
   // Mid-block attention, in place: x += to_out(sdpa(qkv(gn(x)))) over the HW tokens.
   Status attention(const Attn& a, Tensor& x, const RunContext& ctx) const;
-  Result<Tensor> mid_block(const Mid& m, Tensor x, const RunContext& ctx) const;
+  Result<Tensor> mid_block(const Mid& m, Tensor x, const RunContext& ctx, BufferPool* pool = nullptr) const;
   // A decoder up block (resnets, then nearest ×2 + conv) / an encoder down block (resnets, then
   // the stride-2 conv).
-  Result<Tensor> up_block(const Block& b, Tensor x, const RunContext& ctx) const;
-  Result<Tensor> down_block(const Block& b, Tensor x, const RunContext& ctx) const;
+  Result<Tensor> up_block(const Block& b, Tensor x, const RunContext& ctx, BufferPool* pool = nullptr) const;
+  Result<Tensor> down_block(const Block& b, Tensor x, const RunContext& ctx, BufferPool* pool = nullptr) const;
 
  private:
-  Result<Tensor> decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const;
-  Result<Tensor> encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const;
+  // The intermediate activations of one call (all its batch items) come from `pool`.
+  Result<Tensor> decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling,
+                            BufferPool& pool) const;
+  Result<Tensor> encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling,
+                            BufferPool& pool) const;
   // The full-resolution parts on tiles: decoder from the mid block's output to the image;
   // encoder from the image to the last down block's output.
   Result<Tensor> decode_tiled(Tensor mid, int64_t tile, const VaeTiling& tiling, const RunContext& ctx) const;

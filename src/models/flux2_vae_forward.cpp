@@ -7,6 +7,7 @@
 // tensor and (with a 1×1 shortcut) the output — no full-size normalised copies.
 #include <cmath>
 
+#include "backend/buffer_pool.h"
 #include "backend/transfer.h"
 #include "models/flux2_vae.h"
 
@@ -35,11 +36,15 @@ ConvOptions with_prologue(ConvOptions o, const ChannelAffine& a) {
   return o;
 }
 
-// y = conv(x) into a fresh output tensor.
-Result<Tensor> conv(Backend& be, const Tensor& x, const Flux2Vae::Conv& c, const ConvOptions& o) {
+// y = conv(x) into a fresh output tensor: from `pool` when given (a non-accumulating conv writes
+// every value, so a recycled buffer's old contents never show), else from the backend.
+Result<Tensor> conv(Backend& be, const Tensor& x, const Flux2Vae::Conv& c, const ConvOptions& o,
+                    BufferPool* pool = nullptr) {
   const int64_t OH = conv_out_size(x.dim(2), c.w.shape[2], o.stride, o.pad_top, o.pad_bottom, o.upsample2x);
   const int64_t OW = conv_out_size(x.dim(3), c.w.shape[3], o.stride, o.pad_left, o.pad_right, o.upsample2x);
-  KLEIN_ASSIGN_OR_RETURN(Tensor y, be.alloc({x.dim(0), c.w.shape[0], OH, OW}, "VAE activations (" + c.w.name + ")"));
+  const Shape shape = {x.dim(0), c.w.shape[0], OH, OW};
+  const std::string what = "VAE activations (" + c.w.name + ")";
+  KLEIN_ASSIGN_OR_RETURN(Tensor y, pool && !o.accumulate ? pool->take(shape, what) : be.alloc(shape, what));
   KLEIN_RETURN_IF_ERROR(be.conv2d(x, c.w, &c.b, y, o));
   return y;
 }
@@ -101,16 +106,16 @@ Result<Tensor> per_item(Backend& be, const Tensor& x, F&& one) {
 // ------------------------------------------------------------------------------------------
 // Blocks
 // ------------------------------------------------------------------------------------------
-Result<Tensor> Flux2Vae::resnet(const Resnet& r, Tensor x, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::resnet(const Resnet& r, Tensor x, const RunContext& ctx, BufferPool* pool) const {
   Backend& be = ctx.be();
   const int64_t G = cfg_.norm_num_groups;
   const double eps = cfg_.norm_eps;
   KLEIN_ASSIGN_OR_RETURN(ChannelAffine a1, gn_affine(be, x, r.norm1, G, eps));
-  KLEIN_ASSIGN_OR_RETURN(Tensor t, conv(be, x, r.conv1, with_prologue(same3(), a1)));
+  KLEIN_ASSIGN_OR_RETURN(Tensor t, conv(be, x, r.conv1, with_prologue(same3(), a1), pool));
   KLEIN_ASSIGN_OR_RETURN(ChannelAffine a2, gn_affine(be, t, r.norm2, G, eps));
   Tensor out;
   if (!r.shortcut.w.empty()) {
-    KLEIN_ASSIGN_OR_RETURN(out, conv(be, x, r.shortcut, ConvOptions{}));
+    KLEIN_ASSIGN_OR_RETURN(out, conv(be, x, r.shortcut, ConvOptions{}, pool));
     x = Tensor();  // free the input before conv2
   } else {
     out = std::move(x);
@@ -143,31 +148,31 @@ Status Flux2Vae::attention(const Attn& at, Tensor& x, const RunContext& ctx) con
   return be.transpose(q, x.view().reshaped({C, HW}), /*accumulate=*/true);
 }
 
-Result<Tensor> Flux2Vae::mid_block(const Mid& m, Tensor x, const RunContext& ctx) const {
-  KLEIN_ASSIGN_OR_RETURN(x, resnet(m.r0, std::move(x), ctx));
+Result<Tensor> Flux2Vae::mid_block(const Mid& m, Tensor x, const RunContext& ctx, BufferPool* pool) const {
+  KLEIN_ASSIGN_OR_RETURN(x, resnet(m.r0, std::move(x), ctx, pool));
   if (m.has_attn) KLEIN_RETURN_IF_ERROR(attention(m.attn, x, ctx));
-  return resnet(m.r1, std::move(x), ctx);
+  return resnet(m.r1, std::move(x), ctx, pool);
 }
 
-Result<Tensor> Flux2Vae::up_block(const Block& b, Tensor x, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::up_block(const Block& b, Tensor x, const RunContext& ctx, BufferPool* pool) const {
   for (const Resnet& r : b.resnets) {
-    KLEIN_ASSIGN_OR_RETURN(x, resnet(r, std::move(x), ctx));
+    KLEIN_ASSIGN_OR_RETURN(x, resnet(r, std::move(x), ctx, pool));
   }
   if (!b.has_sampler) return x;
   ConvOptions p = same3();  // Upsample2D: nearest ×2, then 3×3 conv (fused)
   p.upsample2x = true;
-  return conv(ctx.be(), x, b.sampler, p);
+  return conv(ctx.be(), x, b.sampler, p, pool);
 }
 
-Result<Tensor> Flux2Vae::down_block(const Block& b, Tensor x, const RunContext& ctx) const {
+Result<Tensor> Flux2Vae::down_block(const Block& b, Tensor x, const RunContext& ctx, BufferPool* pool) const {
   for (const Resnet& r : b.resnets) {
-    KLEIN_ASSIGN_OR_RETURN(x, resnet(r, std::move(x), ctx));
+    KLEIN_ASSIGN_OR_RETURN(x, resnet(r, std::move(x), ctx, pool));
   }
   if (!b.has_sampler) return x;
   ConvOptions p;  // Downsample2D(padding=0): zero-pad right 1, bottom 1; 3×3 stride 2
   p.stride = 2;
   p.pad_bottom = p.pad_right = 1;
-  return conv(ctx.be(), x, b.sampler, p);
+  return conv(ctx.be(), x, b.sampler, p, pool);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -184,23 +189,26 @@ Result<Tensor> Flux2Vae::decode(const Tensor& z, const RunContext& ctx, const Va
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(*zd));
   if (!finite) return invalid_argument("vae decode: the latent has NaN or Inf values");
   const int64_t f = c.scale_factor(), tile = tile_size(f * z.dim(2), f * z.dim(3), tiling, true);
-  return per_item(ctx.be(), *zd, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling); });
+  // One pool for every batch item: each page of the intermediate activations faults in once.
+  BufferPool pool(ctx.be());
+  return per_item(ctx.be(), *zd, [&](Tensor x) { return decode_one(std::move(x), ctx, tile, tiling, pool); });
 }
 
-Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {
+Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling,
+                                    BufferPool& pool) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int total = static_cast<int>(dec_blocks_.size()) + 2;
   int done = 0;
   ctx.report("decode", done, total);
   if (c.use_post_quant_conv) {
-    KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, post_quant_conv_, ConvOptions{}));
+    KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, post_quant_conv_, ConvOptions{}, &pool));
     ctx.dump("vae.post_quant_conv", x);
   }
-  KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, dec_conv_in_, same3()));
+  KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, dec_conv_in_, same3(), &pool));
   ctx.dump("vae.conv_in", x);
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE decoding"));
-  KLEIN_ASSIGN_OR_RETURN(x, mid_block(dec_mid_, std::move(x), ctx));
+  KLEIN_ASSIGN_OR_RETURN(x, mid_block(dec_mid_, std::move(x), ctx, &pool));
   ctx.dump("vae.mid", x);
   if (tile > 0) {
     KLEIN_ASSIGN_OR_RETURN(Tensor img, decode_tiled(std::move(x), tile, tiling, ctx));
@@ -210,7 +218,7 @@ Result<Tensor> Flux2Vae::decode_one(Tensor x, const RunContext& ctx, int64_t til
   ctx.report("decode", ++done, total);
   for (size_t i = 0; i < dec_blocks_.size(); ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE decoding"));
-    KLEIN_ASSIGN_OR_RETURN(x, up_block(dec_blocks_[i], std::move(x), ctx));
+    KLEIN_ASSIGN_OR_RETURN(x, up_block(dec_blocks_[i], std::move(x), ctx, &pool));
     ctx.dump("vae.up" + std::to_string(i), x);
     ctx.report("decode", ++done, total);
   }
@@ -241,10 +249,12 @@ Result<Tensor> Flux2Vae::encode_mean(const Tensor& image, const RunContext& ctx,
   KLEIN_ASSIGN_OR_RETURN(bool finite, ctx.be().all_finite(*xd));
   if (!finite) return invalid_argument("vae encode: the image has NaN or Inf values");
   const int64_t tile = tile_size(image.dim(2), image.dim(3), tiling, false);
-  return per_item(ctx.be(), *xd, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling); });
+  BufferPool pool(ctx.be());  // as decode's
+  return per_item(ctx.be(), *xd, [&](Tensor x) { return encode_one(std::move(x), ctx, tile, tiling, pool); });
 }
 
-Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling) const {
+Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t tile, const VaeTiling& tiling,
+                                    BufferPool& pool) const {
   const auto& c = cfg_;
   Backend& be = ctx.be();
   const int64_t G = c.norm_num_groups, lat = c.latent_channels;
@@ -256,17 +266,17 @@ Result<Tensor> Flux2Vae::encode_one(Tensor x, const RunContext& ctx, int64_t til
     KLEIN_ASSIGN_OR_RETURN(x, encode_tiled(std::move(x), tile, tiling, ctx));
     done = total - 2;
   } else {
-    KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, enc_conv_in_, same3()));
+    KLEIN_ASSIGN_OR_RETURN(x, conv(be, x, enc_conv_in_, same3(), &pool));
     ctx.dump("vae_enc.conv_in", x);
     for (size_t i = 0; i < enc_blocks_.size(); ++i) {
       KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE encoding"));
-      KLEIN_ASSIGN_OR_RETURN(x, down_block(enc_blocks_[i], std::move(x), ctx));
+      KLEIN_ASSIGN_OR_RETURN(x, down_block(enc_blocks_[i], std::move(x), ctx, &pool));
       ctx.dump("vae_enc.down" + std::to_string(i), x);
       ctx.report("vae_encode", ++done, total);
     }
   }
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("VAE encoding"));
-  KLEIN_ASSIGN_OR_RETURN(x, mid_block(enc_mid_, std::move(x), ctx));
+  KLEIN_ASSIGN_OR_RETURN(x, mid_block(enc_mid_, std::move(x), ctx, &pool));
   ctx.dump("vae_enc.mid", x);
   ctx.report("vae_encode", ++done, total);
   Tensor mean;

@@ -1,0 +1,91 @@
+#include "backend/buffer_pool.h"
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace klein {
+
+struct BufferPool::State {
+  std::mutex mu;
+  bool open = true;          // false once the BufferPool is gone: returned buffers are freed
+  std::vector<Tensor> idle;  // flat [capacity] buffers not handed out
+  int in_use = 0;
+  int64_t in_use_floats = 0;
+};
+
+namespace {
+
+// What a handed-out tensor's release callback gets back: its buffer and the pool's state.
+struct Lease {
+  std::shared_ptr<BufferPool::State> state;
+  Tensor buf;
+};
+
+void give_back(void* /*data*/, void* ctx) {
+  std::unique_ptr<Lease> lease(static_cast<Lease*>(ctx));
+  BufferPool::State& s = *lease->state;
+  std::lock_guard<std::mutex> lock(s.mu);
+  --s.in_use;
+  s.in_use_floats -= lease->buf.numel();
+  if (s.open) s.idle.push_back(std::move(lease->buf));
+}
+
+}  // namespace
+
+BufferPool::BufferPool(Backend& be) : be_(be), state_(std::make_shared<State>()) {}
+
+BufferPool::~BufferPool() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->open = false;
+  state_->idle.clear();
+}
+
+Result<Tensor> BufferPool::take(const Shape& shape, const std::string& what) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (int64_t{1} << 60) / d))
+      return invalid_argument("tensor for " + what + " has an invalid shape " + shape_str(shape));
+    n *= d;
+  }
+  if (n == 0) return be_.alloc(shape, what);
+  Tensor buf;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    auto& idle = state_->idle;
+    size_t best = idle.size();
+    for (size_t i = 0; i < idle.size(); ++i)
+      if (idle[i].numel() >= n && (best == idle.size() || idle[i].numel() < idle[best].numel())) best = i;
+    if (best < idle.size()) {
+      buf = std::move(idle[best]);
+      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(best));
+    } else {
+      std::erase_if(idle, [&](const Tensor& t) { return t.numel() < n; });
+    }
+  }
+  if (buf.empty()) {
+    KLEIN_ASSIGN_OR_RETURN(buf, be_.alloc({n}, what));
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    ++state_->in_use;
+    state_->in_use_floats += buf.numel();
+  }
+  auto* lease = new Lease{state_, std::move(buf)};
+  float* data = lease->buf.data();
+  return Tensor::adopt(data, shape, lease->buf.device(), give_back, lease);
+}
+
+int BufferPool::buffers() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->in_use + static_cast<int>(state_->idle.size());
+}
+
+int64_t BufferPool::floats() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  int64_t f = state_->in_use_floats;
+  for (const Tensor& t : state_->idle) f += t.numel();
+  return f;
+}
+
+}  // namespace klein
