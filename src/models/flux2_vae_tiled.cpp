@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/buffer_pool.h"
 #include "io/activation_spill.h"
 #include "models/flux2_vae.h"
 
@@ -82,7 +83,7 @@ class TiledChain {
       : st_(std::move(stages)), base_(std::move(base)), groups_(groups), eps_(eps), keep_bytes_(tiling.keep_bytes),
         // Spilled tiles are written from host memory.
         spill_(tiling.spill && base_.device() == Device::kCpu), spill_dir_(tiling.spill_dir), ctx_(ctx), be_(ctx.be()),
-        phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
+        pool_(be_), phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
 
   // Runs the chain on tiles of `tile` pixels of the reference level (size `ref`, whose tile
   // borders map to whole pixels at every level) and returns the last stage's output, whole.
@@ -282,7 +283,8 @@ class TiledChain {
     Region r = {{origin(x.r.y.a, o.pad_top), 0}, {origin(x.r.x.a, o.pad_left), 0}};
     r.y.b = r.y.a + OH;
     r.x.b = r.x.a + OW;
-    KLEIN_ASSIGN_OR_RETURN(Tensor y, be_.alloc({1, c.w.shape[0], OH, OW}, "VAE tile activations (" + c.w.name + ")"));
+    // From the pool: the conv does not accumulate, so it writes every value.
+    KLEIN_ASSIGN_OR_RETURN(Tensor y, pool_.take({1, c.w.shape[0], OH, OW}, "VAE tile activations (" + c.w.name + ")"));
     KLEIN_RETURN_IF_ERROR(be_.conv2d(x.t, c.w, &c.b, y, o));
     return Tile{std::move(y), r};
   }
@@ -292,7 +294,7 @@ class TiledChain {
     if (R.y.a < have.y.a || R.y.b > have.y.b || R.x.a < have.x.a || R.x.b > have.x.b)
       return internal_error("tiled VAE: a tile region is outside what was computed");
     const int64_t C = t.dim(1), H = t.dim(2), W = t.dim(3), h = R.y.len(), w = R.x.len();
-    KLEIN_ASSIGN_OR_RETURN(Tensor out, be_.alloc({1, C, h, w}, "a VAE tile"));
+    KLEIN_ASSIGN_OR_RETURN(Tensor out, pool_.take({1, C, h, w}, "a VAE tile"));  // every value copied below
     const int64_t dy = R.y.a - have.y.a, dx = R.x.a - have.x.a;
     const TensorView src = t.view().reshaped({C * H, W}), dst = out.view().reshaped({C * h, w});
     for (int64_t c = 0; c < C; ++c)
@@ -320,6 +322,7 @@ class TiledChain {
   std::string spill_dir_;
   const RunContext& ctx_;
   Backend& be_;
+  BufferPool pool_;  // the tiles' activations (conv outputs, crops): each tile reuses the last one's pages
   std::string phase_;
   std::vector<Affine> a1_, a2_;  // per stage: the norm on its input; a ResNet's norm2
   std::map<int, Kept> kept_;     // point → whole activation
