@@ -6,6 +6,7 @@
 
 #include "backend/transfer.h"
 #include "models/bind.h"
+#include "backend/buffer_pool.h"
 #include "models/flux2_dit.h"
 
 namespace klein {
@@ -190,7 +191,7 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
 
 Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, float timestep,
                                          const Flux2Ids& img_ids, const Flux2Ids& txt_ids, const RunContext& ctx,
-                                         std::optional<float> guidance, int64_t out_tokens) const {
+                                         std::optional<float> guidance, int64_t out_tokens, BufferPool* work) const {
   const Flux2Config& c = cfg_;
   const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
   const int64_t Cin = c.in_channels, J = c.joint_attention_dim, Cout = c.out_channels;
@@ -281,7 +282,13 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   const TensorView out_shift = chunk(mod_out, 1);
 
   // ---- 3. input projections into the residual stream (text rows first).
-  KLEIN_ASSIGN_OR_RETURN(st.h, be.alloc({S, D}, "the transformer's residual stream"));
+  // The residual stream and the work buffers: from `work` when given. Every value of h is
+  // written (the two input projections) before it is read, and the blocks write each work
+  // buffer's rows before they read them, so a recycled buffer's old values never show.
+  auto buffer = [&](const Shape& shape, const std::string& what) {
+    return work ? work->take(shape, what) : be.alloc(shape, what);
+  };
+  KLEIN_ASSIGN_OR_RETURN(st.h, buffer({S, D}, "the transformer's residual stream"));
   KLEIN_RETURN_IF_ERROR(be.linear(txt_m, context_embedder_, nullptr, st.htxt()));
   KLEIN_RETURN_IF_ERROR(be.linear(img_m, x_embedder_, nullptr, st.himg()));
   ctx.dump("dit.x_embedder", st.himg(), {1, N, D});
@@ -299,12 +306,12 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   ctx.dump("dit.rope_sin", st.rsin);
 
   // ---- work buffers, shared by all blocks
-  KLEIN_ASSIGN_OR_RETURN(st.nrm, be.alloc({S, D}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.qkv, be.alloc({S, 3 * D}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.att, be.alloc({S, D}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.u, be.alloc({std::min(S, kRowChunk), 2 * F}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.cat, be.alloc({std::min(S, kRowChunk), D + F}, "transformer activations"));
-  KLEIN_ASSIGN_OR_RETURN(st.o, be.alloc({S, D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.nrm, buffer({S, D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.qkv, buffer({S, 3 * D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.att, buffer({S, D}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.u, buffer({std::min(S, kRowChunk), 2 * F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.cat, buffer({std::min(S, kRowChunk), D + F}, "transformer activations"));
+  KLEIN_ASSIGN_OR_RETURN(st.o, buffer({S, D}, "transformer activations"));
 
   // ---- 5./6. double-stream blocks, then single-stream blocks on h = [text; image]
   for (size_t bi = 0; bi < double_.size(); ++bi) {

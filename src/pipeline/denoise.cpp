@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/buffer_pool.h"
 #include "backend/transfer.h"
 #include "pipeline/latents.h"
 #include "pipeline/noise.h"
@@ -31,6 +32,7 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
     KLEIN_ASSIGN_OR_RETURN(Tensor rt, be.upload(refs.tokens.data(), {S_ref, 128}, "the reference tokens"));
     KLEIN_RETURN_IF_ERROR(be.copy(rt, model_in.view().row_range(N, N + S_ref)));
   }
+  BufferPool work(be);  // the transformer's work buffers, reused by every step
   ctx.report("denoise", 0, steps);
   for (int i = 0; i < steps; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
@@ -41,7 +43,7 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
     }
     // Only the noise tokens' prediction is used: the reference tokens' rows are not computed.
     KLEIN_ASSIGN_OR_RETURN(Tensor out,
-                           dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx, std::nullopt, N));
+                           dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx, std::nullopt, N, &work));
     KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out));
     // The preview is x0 = x − σ_i·v of this step's input x, so it is made before the update.
     Image preview_image;
