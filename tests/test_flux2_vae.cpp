@@ -463,7 +463,8 @@ TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
 // random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
 // whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
 // both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS),
-// or encode (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image instead);
+// or encode / encode-tiled (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image
+// instead, whole or in KLEIN_FULL_VAE_TILE-pixel tiles);
 // KLEIN_FULL_VAE_PRECISION fp32 (default) or fast picks the kernels.
 namespace klein {
 namespace {
@@ -493,20 +494,22 @@ TEST(Flux2VaeTiled, FullSizeMeasurement) {
                 static_cast<long long>(px), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return r;
   };
-  if (mode == "encode") {  // the encoder's mean path (reference images), untiled
+  if (mode == "encode" || mode == "encode-tiled") {  // the encoder's mean path (reference images)
+    const VaeTiling et{.tile = mode == "encode" ? -1 : tile};
     Tensor img({1, 3, px, px});
     for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::clamp(nd(rng) * 0.5f, -1.0f, 1.0f);
     // KLEIN_FULL_VAE_WARMUP=n: n timed encodes first (the first call also faults in the weights'
     // pages and grows the kernels' scratch; a resident model's later calls do neither).
     for (int i = 0, n = std::stoi(env("KLEIN_FULL_VAE_WARMUP", "0")); i < n; ++i) {
       const auto t1 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(vae->encode_mean(img, ctx, VaeTiling{.tile = -1}).ok());
+      ASSERT_TRUE(vae->encode_mean(img, ctx, et).ok());
       std::printf("[ full vae ] warm-up encode %.3f s\n",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = vae->encode_mean(img, ctx, VaeTiling{.tile = -1});
-    std::printf("[ full vae ] encode %lldx%lld: %.2f s\n", static_cast<long long>(px), static_cast<long long>(px),
+    auto r = vae->encode_mean(img, ctx, et);
+    std::printf("[ full vae ] %s encode %lldx%lld: %.2f s\n", et.tile > 0 ? "tiled" : "whole", static_cast<long long>(px),
+                static_cast<long long>(px),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     return;
