@@ -58,6 +58,24 @@ TEST(BufferPool, BestFitAndGrowth) {
   EXPECT_EQ(pool.floats(), 200);
 }
 
+TEST(BufferPool, MaxFitReusesOnlyCloseBuffers) {
+  CpuBackend be(CpuBackendOptions{1});
+  BufferPool pool(be, 1.25);
+  auto big = pool.take({100}, "big");
+  auto mid = pool.take({60}, "mid");
+  ASSERT_TRUE(big.ok() && mid.ok());
+  const float* pb = big->data();
+  *big = Tensor();
+  *mid = Tensor();
+  auto close = pool.take({90}, "close");  // 100 ≤ 1.25 · 90: reused
+  ASSERT_TRUE(close.ok());
+  EXPECT_EQ(close->data(), pb);
+  auto small = pool.take({20}, "small");  // 60 > 1.25 · 20: a new buffer, and the idle 60 released
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(pool.buffers(), 2);
+  EXPECT_EQ(pool.floats(), 120);
+}
+
 TEST(BufferPool, TensorsOutliveThePool) {
   CpuBackend be(CpuBackendOptions{1});
   std::optional<Tensor> kept;

@@ -33,7 +33,7 @@ void give_back(void* /*data*/, void* ctx) {
 
 }  // namespace
 
-BufferPool::BufferPool(Backend& be) : be_(be), state_(std::make_shared<State>()) {}
+BufferPool::BufferPool(Backend& be, double max_fit) : be_(be), max_fit_(max_fit), state_(std::make_shared<State>()) {}
 
 BufferPool::~BufferPool() {
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -53,12 +53,17 @@ Result<Tensor> BufferPool::take(const Shape& shape, const std::string& what) {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto& idle = state_->idle;
+    auto fits = [&](const Tensor& t) {
+      return t.numel() >= n && (max_fit_ <= 0 || static_cast<double>(t.numel()) <= max_fit_ * static_cast<double>(n));
+    };
     size_t best = idle.size();
     for (size_t i = 0; i < idle.size(); ++i)
-      if (idle[i].numel() >= n && (best == idle.size() || idle[i].numel() < idle[best].numel())) best = i;
+      if (fits(idle[i]) && (best == idle.size() || idle[i].numel() < idle[best].numel())) best = i;
     if (best < idle.size()) {
       buf = std::move(idle[best]);
       idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(best));
+    } else if (max_fit_ > 0) {
+      idle.clear();
     } else {
       std::erase_if(idle, [&](const Tensor& t) { return t.numel() < n; });
     }

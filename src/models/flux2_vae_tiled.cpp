@@ -83,7 +83,7 @@ class TiledChain {
       : st_(std::move(stages)), base_(std::move(base)), groups_(groups), eps_(eps), keep_bytes_(tiling.keep_bytes),
         // Spilled tiles are written from host memory.
         spill_(tiling.spill && base_.device() == Device::kCpu), spill_dir_(tiling.spill_dir), ctx_(ctx), be_(ctx.be()),
-        pool_(be_), phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
+        pool_(be_, 1.25), phase_(phase), a1_(st_.size()), a2_(st_.size()) {}
 
   // Runs the chain on tiles of `tile` pixels of the reference level (size `ref`, whose tile
   // borders map to whole pixels at every level) and returns the last stage's output, whole.
@@ -322,7 +322,9 @@ class TiledChain {
   std::string spill_dir_;
   const RunContext& ctx_;
   Backend& be_;
-  BufferPool pool_;  // the tiles' activations (conv outputs, crops): each tile reuses the last one's pages
+  // The tiles' activations (conv outputs, crops): each tile reuses the last one's pages. Close
+  // fits only (BufferPool's max_fit): tiling is how a memory budget is kept.
+  BufferPool pool_;
   std::string phase_;
   std::vector<Affine> a1_, a2_;  // per stage: the norm on its input; a ResNet's norm2
   std::map<int, Kept> kept_;     // point → whole activation
