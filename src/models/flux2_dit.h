@@ -115,7 +115,7 @@ class Flux2Transformer {
   // dit.output [1,out_tokens,out_channels].
   // `work`: where the residual stream and the blocks' work buffers come from (see BufferPool; a
   // denoising loop passes one pool to every step, so their pages fault in once per image, not
-  // once per step: 2-4 % of a 256² q8 step here); null: fresh from the backend.
+  // once per step: 1-4 % of a 256² q8 step here); null: fresh from the backend.
   Result<Tensor> forward(const Tensor& img, const Tensor& txt, float timestep, const Flux2Ids& img_ids,
                          const Flux2Ids& txt_ids, const RunContext& ctx,
                          std::optional<float> guidance = std::nullopt, int64_t out_tokens = -1,

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <string>
 
+#include "backend/buffer_pool.h"
 #include "backend/transfer.h"
 #include "models/bind.h"
-#include "backend/buffer_pool.h"
 #include "models/flux2_dit.h"
 
 namespace klein {
