@@ -91,6 +91,18 @@ TEST(BufferPool, TensorsOutliveThePool) {
   kept.reset();              // freed now, not returned to a pool that is gone
 }
 
+TEST(BufferPool, TakeFromFallsBackToTheBackend) {
+  CpuBackend be(CpuBackendOptions{1});
+  BufferPool pool(be);
+  auto fresh = BufferPool::take_from(nullptr, be, {8}, "fresh");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->data()[7], 0.0f);  // the backend's zero-filled memory
+  EXPECT_EQ(pool.buffers(), 0);
+  auto pooled = BufferPool::take_from(&pool, be, {8}, "pooled");
+  ASSERT_TRUE(pooled.ok());
+  EXPECT_EQ(pool.buffers(), 1);
+}
+
 TEST(BufferPool, EmptyAndInvalidShapes) {
   CpuBackend be(CpuBackendOptions{1});
   BufferPool pool(be);

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/checked.h"
+
 namespace klein {
 
 struct BufferPool::State {
@@ -42,13 +44,8 @@ BufferPool::~BufferPool() {
 }
 
 Result<Tensor> BufferPool::take(const Shape& shape, const std::string& what) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || (d > 0 && n > (int64_t{1} << 60) / d))
-      return invalid_argument("tensor for " + what + " has an invalid shape " + shape_str(shape));
-    n *= d;
-  }
-  if (n == 0) return be_.alloc(shape, what);
+  int64_t n = 0;
+  if (!checked_numel(shape, &n) || n == 0) return be_.alloc(shape, what);  // its message for a bad shape
   Tensor buf;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -79,6 +76,10 @@ Result<Tensor> BufferPool::take(const Shape& shape, const std::string& what) {
   auto* lease = new Lease{state_, std::move(buf)};
   float* data = lease->buf.data();
   return Tensor::adopt(data, shape, lease->buf.device(), give_back, lease);
+}
+
+Result<Tensor> BufferPool::take_from(BufferPool* pool, Backend& be, const Shape& shape, const std::string& what) {
+  return pool ? pool->take(shape, what) : be.alloc(shape, what);
 }
 
 int BufferPool::buffers() const {

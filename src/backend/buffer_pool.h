@@ -38,6 +38,9 @@ class BufferPool {
   // Allocating a new buffer first releases the idle buffers smaller than it (with max_fit: all
   // idle buffers), so a pass whose tensors grow (a decoder) keeps no stale small buffers.
   Result<Tensor> take(const Shape& shape, const std::string& what);
+  // pool->take(shape, what), or be.alloc(shape, what) without a pool: for code whose callers may
+  // or may not give it one.
+  static Result<Tensor> take_from(BufferPool* pool, Backend& be, const Shape& shape, const std::string& what);
 
   // Buffers held by the pool now, idle and in use, and their total floats (for tests).
   int buffers() const;

@@ -285,9 +285,7 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   // The residual stream and the work buffers: from `work` when given. Every value of h is
   // written (the two input projections) before it is read, and the blocks write each work
   // buffer's rows before they read them, so a recycled buffer's old values never show.
-  auto buffer = [&](const Shape& shape, const std::string& what) {
-    return work ? work->take(shape, what) : be.alloc(shape, what);
-  };
+  auto buffer = [&](const Shape& shape, const std::string& what) { return BufferPool::take_from(work, be, shape, what); };
   KLEIN_ASSIGN_OR_RETURN(st.h, buffer({S, D}, "the transformer's residual stream"));
   KLEIN_RETURN_IF_ERROR(be.linear(txt_m, context_embedder_, nullptr, st.htxt()));
   KLEIN_RETURN_IF_ERROR(be.linear(img_m, x_embedder_, nullptr, st.himg()));

@@ -44,7 +44,7 @@ Result<Tensor> conv(Backend& be, const Tensor& x, const Flux2Vae::Conv& c, const
   const int64_t OW = conv_out_size(x.dim(3), c.w.shape[3], o.stride, o.pad_left, o.pad_right, o.upsample2x);
   const Shape shape = {x.dim(0), c.w.shape[0], OH, OW};
   const std::string what = "VAE activations (" + c.w.name + ")";
-  KLEIN_ASSIGN_OR_RETURN(Tensor y, pool && !o.accumulate ? pool->take(shape, what) : be.alloc(shape, what));
+  KLEIN_ASSIGN_OR_RETURN(Tensor y, BufferPool::take_from(o.accumulate ? nullptr : pool, be, shape, what));
   KLEIN_RETURN_IF_ERROR(be.conv2d(x, c.w, &c.b, y, o));
   return y;
 }
