@@ -745,6 +745,13 @@ TEST_P(Kernels, AttentionFastMatchesItsRef) {
   check_attention(fast, {512, 512, 4, 1, 128, true, 3}, pool, rng, false);  // 57 valid keys
   check_attention(fast, {300, 301, 2, 2, 24, false, 3}, pool3, rng, true);  // 34
   check_attention(fast, {70, 2 * kernels::ref::kAttnBf16KeyBlock + 45, 2, 1, 16, false, 3}, pool, rng, false);
+  // K / V panels over half the L2 (with 2 MB, Sk > 2048 at D = 128): the AMX kernel's tasks of
+  // several query sub-blocks sharing each key block (attention_bf16_run), their last one partial
+  // (600 queries = 2 tasks of 256 and one of 3 sub-blocks, the last of 24 rows); causal (each
+  // sub-block's own last key), padded, plain.
+  check_attention(fast, {600, 2100, 2, 1, 128, true, 1}, pool, rng, false);
+  check_attention(fast, {600, 2100, 2, 1, 128, false, 3}, pool3, rng, true);
+  check_attention(fast, {600, 2100, 1, 1, 128, false, 0}, pool, rng, false);
 }
 
 TEST_P(Kernels, AttentionLargeScoresStayFinite) {

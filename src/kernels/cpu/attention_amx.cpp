@@ -27,6 +27,10 @@ struct Tiles {
   // loads ran at L2 speed (S = 1792: 64 → 37 ms, with kAttnBf16KeyBlock 128 → 512 and the
   // one-pass packing of attention_bf16_common.h).
   static int64_t bq(bool) { return 32; }
+  // Sub-blocks per task where a head's K / V panels exceed the L2 (attention_bf16_run): S = 4608
+  // (the DiT at 1024²), 2 threads, ms per call: 1 sub-block 234-238, 2: 215, 4: 194-199, 8:
+  // 191-192, 16: 190.
+  static constexpr int64_t kMaxSub = 8;
   static void begin() { amx_configure_tiles(); }
 
   static void scores(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t nq, int64_t j0, int64_t nk) {

@@ -12,6 +12,7 @@ struct Vdp {
   // Queries per task: a multiple of kZMR rows; fewer with a causal mask (the diagonal block is
   // half wasted) or when a head has too few queries to keep the threads busy.
   static int64_t bq(bool causal) { return causal ? 4 * kZMR : 9 * kZMR; }
+  static constexpr int64_t kMaxSub = 1;  // bq is already 126 rows
   static void begin() {}
   static void scores(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t nq, int64_t j0, int64_t nk) {
     const auto* qs = reinterpret_cast<const uint32_t*>(b.qs);

@@ -75,10 +75,11 @@ struct Args {
   float scale;
   AttnMask mask;
   int64_t ldq, ldk, ldv, ldo;
-  int64_t bq;   // queries per task
+  int64_t bq;   // queries per sub-block (the products' and the softmax's unit)
   int64_t DU;   // D/2 rounded up, then to the products' unit multiple: units of a Q / K row
   int64_t SkP;  // Sk rounded up to whole 32-key panels
   int64_t kv_end = 0;  // 1 + the last key that key_valid lets any query see (Sk without key_valid)
+  int64_t nsub = 1;    // sub-blocks of bq per task, which share each key block's K / V panels
 };
 
 // One kv head's K and V as bf16 B panels (layouts above), keys past Sk and an odd D's last half
@@ -127,6 +128,8 @@ void pack_v(const Args& a, const float* vh, int64_t u0, int64_t u1, uint32_t* vp
   }
 }
 
+// One sub-block's view; qs, o, m and l are the task's (nsub · bq rows), s and pb shared by its
+// sub-blocks.
 struct Buffers {
   uint16_t* qs;  // [bq][DU·2]   scaled Q rows as bf16 pairs
   float* s;      // [bq][kBK]    scores, then probabilities
@@ -134,6 +137,9 @@ struct Buffers {
   float* o;      // [bq][DP]     unnormalised output
   float* m;      // [bq] running max (log2 units)
   float* l;      // [bq] running sum
+  Buffers sub(int64_t r, int64_t DU, int64_t DP) const {  // the sub-block from row r
+    return {qs + r * DU * 2, s, pb, o + r * DP, m + r, l + r};
+  }
 };
 
 // The rows the thread's next task reads first (its Q rows) and writes last (its output rows), as
@@ -148,12 +154,90 @@ struct NextRows {
 
 // Mm supplies scores(a, hp, b, nq, j0, nk): b.s[i][c] = Qs_i · K_{j0+c} for c < nk (rounded up to
 // whole 32-key panels), and pv(a, hp, b, nq, j0, nk): b.o[i] += P_i · V[j0 : j0 + nk].
+// One sub-block's (nq ≤ bq queries from i0) step over keys [j0, j0 + nk): scores, the online
+// softmax, P · V. next: the rows to prefetch meanwhile (see NextRows), or null.
 template <class Mm>
-void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buffers& b, const NextRows& next) {
-  const int64_t DU = a.DU, DP = (a.D + kZNR - 1) / kZNR * kZNR;
-  const int64_t nq = std::min(a.bq, a.Sq - i0);
-  const float mul = a.scale * kLog2e;
+void key_block(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t i0, int64_t nq, int64_t j0,
+               int64_t nk, const NextRows* next) {
+  const int64_t DP = (a.D + kZNR - 1) / kZNR * kZNR;
+  Mm::scores(a, hp, b, nq, j0, nk);  // S[nq, nk] = Qs · Kᵀ
+  // Online softmax, one query row at a time (keys along the lanes).
+  const int nv = static_cast<int>((nk + 15) / 16);
+  const __mmask16 tail = col_mask(static_cast<int>(nk - 16 * (nv - 1)));  // the last vector's keys
   for (int64_t i = 0; i < nq; ++i) {
+    float* s = b.s + i * kBK;
+    const int64_t qi = i0 + i;
+    if (next)  // one row of the next task's per softmax row (see NextRows)
+      for (int64_t r = i; r < next->n; r += nq)
+        for (int64_t d = 0; d < a.D; d += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(next->q + r * a.ldq + d), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(next->o + r * a.ldo + d), _MM_HINT_ET0);
+        }
+    // Two maxima in flight: a load and a max per step would otherwise wait on the max's latency.
+    __m512 mx0 = _mm512_set1_ps(kNegInf), mx1 = mx0;
+    if (!a.mask.key_valid && (!a.mask.causal || j0 + nk - 1 <= qi)) {
+      // Every key of the block is visible (the DiT's case): the scores stay as they are, and
+      // the lanes past nk (scores of zero-padded keys) count as -inf.
+      int v = 0;
+      for (; v + 2 < nv; v += 2) {
+        mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + 16 * v));
+        mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + 16 * v + 16));
+      }
+      for (; v < nv; ++v)
+        mx0 = _mm512_max_ps(mx0, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), v == nv - 1 ? tail : 0xffff,
+                                                      s + 16 * v));
+    } else {
+      for (int v = 0; v < nv; ++v) {
+        const int64_t jb = j0 + 16 * v;
+        __mmask16 vis = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
+        if (a.mask.causal && jb + 15 > qi)
+          vis &= static_cast<__mmask16>(qi - jb >= 15 ? 0xffff : qi < jb ? 0 : (1u << (qi - jb + 1)) - 1);
+        if (a.mask.key_valid) {
+          const __m128i kv = _mm_maskz_loadu_epi8(vis, a.mask.key_valid + jb);
+          vis &= _mm_cmpneq_epi8_mask(kv, _mm_setzero_si128());
+        }
+        const __m512 x = _mm512_mask_blend_ps(vis, _mm512_set1_ps(kNegInf), _mm512_loadu_ps(s + 16 * v));
+        _mm512_storeu_ps(s + 16 * v, x);
+        mx0 = _mm512_max_ps(mx0, x);
+      }
+    }
+    const float mold = b.m[i], mnew = std::max(mold, _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1)));
+    // Still -inf only when nothing was visible so far; then corr = 2^NaN = 0 keeps O, l at 0.
+    const float corr = _mm512_cvtss_f32(exp2_neg16(_mm512_set1_ps(mold - mnew)));
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    uint16_t* pb = b.pb + i * kBK;
+    for (int v = 0; v < nv; ++v) {
+      const __mmask16 in = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
+      const __m512 p = _mm512_maskz_mov_ps(in, exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)));
+      sum = _mm512_add_ps(sum, p);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v), p_to_bf16(p));
+    }
+    // Zeros up to the next 32 keys: products over whole 32-key steps read them (times V rows
+    // that may be real keys past a causal block's end, or zero padding).
+    for (int64_t c = 16 * nv; c < std::min<int64_t>(kBK, (nk + 31) / 32 * 32); ++c) pb[c] = 0;
+    b.m[i] = mnew;
+    b.l[i] = b.l[i] * corr + _mm512_reduce_add_ps(sum);
+    if (corr != 1.0f) {
+      float* o = b.o + i * DP;
+      const __m512 vc = _mm512_set1_ps(corr);
+      for (int64_t d = 0; d < DP; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), vc));
+    }
+  }
+  // O[nq, D] += P · V[j0 : j0+nk]; P rows are zero from nk to the next 32 keys (above).
+  Mm::pv(a, hp, b, nq, j0, nk);
+}
+
+// A task: `rows` queries of head h from i0, in sub-blocks of bq that take each key block in turn,
+// so that the block's K / V panels are fetched once for all of them (see attention_bf16_run).
+// Every sub-block sees the same key blocks, in the same order, as a task of its own would: the
+// same sums.
+template <class Mm>
+void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, int64_t rows, const Buffers& b,
+              const NextRows& next) {
+  const int64_t DU = a.DU, DP = (a.D + kZNR - 1) / kZNR * kZNR;
+  const float mul = a.scale * kLog2e;
+  for (int64_t i = 0; i < rows; ++i) {
     const float* src = a.q + (i0 + i) * a.ldq + static_cast<int64_t>(h) * a.D;
     uint16_t* dst = b.qs + i * DU * 2;
     for (int64_t d = 0; d < DU * 2; d += 16) {  // zeros past D
@@ -162,86 +246,27 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), bf16x16_ftz(x));
     }
   }
-  std::fill(b.o, b.o + nq * DP, 0.0f);
-  std::fill(b.m, b.m + nq, kNegInf);
-  std::fill(b.l, b.l + nq, 0.0f);
+  std::fill(b.o, b.o + rows * DP, 0.0f);
+  std::fill(b.m, b.m + rows, kNegInf);
+  std::fill(b.l, b.l + rows, 0.0f);
   // Keys past kv_end are masked for every query: their scores would be -inf, their P exactly 0,
   // so leaving them out changes no sum (the text encoder's 512 keys are mostly padding, and one
-  // key block spans them all).
-  const int64_t kend = std::min(a.kv_end, a.mask.causal ? std::min(a.Sk, i0 + nq) : a.Sk);
-  for (int64_t j0 = 0; j0 < kend; j0 += kBK) {
-    const int64_t nk = std::min(kBK, kend - j0);
-    if (a.mask.key_valid && std::all_of(a.mask.key_valid + j0, a.mask.key_valid + j0 + nk,
-                                        [](uint8_t v) { return v == 0; }))
-      continue;  // e.g. a block of padding tokens
-    Mm::scores(a, hp, b, nq, j0, nk);  // S[nq, nk] = Qs · Kᵀ
-    // Online softmax, one query row at a time (keys along the lanes).
-    const int nv = static_cast<int>((nk + 15) / 16);
-    const __mmask16 tail = col_mask(static_cast<int>(nk - 16 * (nv - 1)));  // the last vector's keys
-    for (int64_t i = 0; i < nq; ++i) {
-      float* s = b.s + i * kBK;
-      const int64_t qi = i0 + i;
-      if (j0 == 0 && next.q)  // one row of the next task's per softmax row (see NextRows)
-        for (int64_t r = i; r < next.n; r += nq)
-          for (int64_t d = 0; d < a.D; d += 16) {
-            _mm_prefetch(reinterpret_cast<const char*>(next.q + r * a.ldq + d), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(next.o + r * a.ldo + d), _MM_HINT_ET0);
-          }
-      // Two maxima in flight: a load and a max per step would otherwise wait on the max's latency.
-      __m512 mx0 = _mm512_set1_ps(kNegInf), mx1 = mx0;
-      if (!a.mask.key_valid && (!a.mask.causal || j0 + nk - 1 <= qi)) {
-        // Every key of the block is visible (the DiT's case): the scores stay as they are, and
-        // the lanes past nk (scores of zero-padded keys) count as -inf.
-        int v = 0;
-        for (; v + 2 < nv; v += 2) {
-          mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(s + 16 * v));
-          mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(s + 16 * v + 16));
-        }
-        for (; v < nv; ++v)
-          mx0 = _mm512_max_ps(mx0, _mm512_mask_loadu_ps(_mm512_set1_ps(kNegInf), v == nv - 1 ? tail : 0xffff,
-                                                        s + 16 * v));
-      } else {
-        for (int v = 0; v < nv; ++v) {
-          const int64_t jb = j0 + 16 * v;
-          __mmask16 vis = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
-          if (a.mask.causal && jb + 15 > qi)
-            vis &= static_cast<__mmask16>(qi - jb >= 15 ? 0xffff : qi < jb ? 0 : (1u << (qi - jb + 1)) - 1);
-          if (a.mask.key_valid) {
-            const __m128i kv = _mm_maskz_loadu_epi8(vis, a.mask.key_valid + jb);
-            vis &= _mm_cmpneq_epi8_mask(kv, _mm_setzero_si128());
-          }
-          const __m512 x = _mm512_mask_blend_ps(vis, _mm512_set1_ps(kNegInf), _mm512_loadu_ps(s + 16 * v));
-          _mm512_storeu_ps(s + 16 * v, x);
-          mx0 = _mm512_max_ps(mx0, x);
-        }
-      }
-      const float mold = b.m[i], mnew = std::max(mold, _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1)));
-      // Still -inf only when nothing was visible so far; then corr = 2^NaN = 0 keeps O, l at 0.
-      const float corr = _mm512_cvtss_f32(exp2_neg16(_mm512_set1_ps(mold - mnew)));
-      const __m512 vm = _mm512_set1_ps(mnew);
-      __m512 sum = _mm512_setzero_ps();
-      uint16_t* pb = b.pb + i * kBK;
-      for (int v = 0; v < nv; ++v) {
-        const __mmask16 in = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
-        const __m512 p = _mm512_maskz_mov_ps(in, exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)));
-        sum = _mm512_add_ps(sum, p);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v), p_to_bf16(p));
-      }
-      // Zeros up to the next 32 keys: products over whole 32-key steps read them (times V rows
-      // that may be real keys past a causal block's end, or zero padding).
-      for (int64_t c = 16 * nv; c < std::min<int64_t>(kBK, (nk + 31) / 32 * 32); ++c) pb[c] = 0;
-      b.m[i] = mnew;
-      b.l[i] = b.l[i] * corr + _mm512_reduce_add_ps(sum);
-      if (corr != 1.0f) {
-        float* o = b.o + i * DP;
-        const __m512 vc = _mm512_set1_ps(corr);
-        for (int64_t d = 0; d < DP; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), vc));
-      }
+  // key block spans them all). A causal sub-block ends at its last query.
+  auto key_end = [&](int64_t q0, int64_t nq) {
+    return std::min(a.kv_end, a.mask.causal ? std::min(a.Sk, q0 + nq) : a.Sk);
+  };
+  const int64_t kend = key_end(i0, rows);
+  for (int64_t j0 = 0; j0 < kend; j0 += kBK)
+    for (int64_t r = 0; r < rows; r += a.bq) {
+      const int64_t nq = std::min(a.bq, rows - r), ke = key_end(i0 + r, nq);
+      if (j0 >= ke) continue;
+      const int64_t nk = std::min(kBK, ke - j0);
+      if (a.mask.key_valid && std::all_of(a.mask.key_valid + j0, a.mask.key_valid + j0 + nk,
+                                          [](uint8_t v) { return v == 0; }))
+        continue;  // e.g. a block of padding tokens
+      key_block<Mm>(a, hp, b.sub(r, DU, DP), i0 + r, nq, j0, nk, j0 == 0 && r == 0 && next.q ? &next : nullptr);
     }
-    // O[nq, D] += P · V[j0 : j0+nk]; P rows are zero from nk to the next 32 keys (above).
-    Mm::pv(a, hp, b, nq, j0, nk);
-  }
-  for (int64_t i = 0; i < nq; ++i) {
+  for (int64_t i = 0; i < rows; ++i) {
     float* dst = a.out + (i0 + i) * a.ldo + static_cast<int64_t>(h) * a.D;
     const __m512 inv = _mm512_set1_ps(b.l[i] > 0.0f ? 1.0f / b.l[i] : 0.0f);  // no visible key → zeros
     for (int64_t d = 0; d < a.D; d += 16)
@@ -249,7 +274,6 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, const Buff
                             _mm512_mul_ps(_mm512_loadu_ps(b.o + i * DP + d), inv));
   }
 }
-
 
 // The whole attention (kernels::attention semantics) with the products of Mm, which also gives
 // kUnitAlign (Q / K rows padded to a multiple of that many units), bq(causal) (queries per task)
@@ -287,14 +311,21 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
   const int64_t kv_panels = (a.kv_end + kZNR - 1) / kZNR;
   per_head(kv_panels, [&](int64_t g, int64_t p0, int64_t p1) { pack_k(a, k + g * D, p0, p1, kp + g * kp_n); });
   per_head(kv_panels * kZNR / 2, [&](int64_t g, int64_t u0, int64_t u1) { pack_v(a, v + g * D, u0, u1, vp + g * vp_n); });
+  // Each task fetches every key block's K / V panels once for its nsub sub-blocks of queries.
+  // Where a head's panels fit the L2 they stay there across tasks, and one sub-block per task
+  // keeps each task's rows near L1; where they do not (the DiT at 1024²: 2.4 MB at S = 4608),
+  // every task streams them from L3, and that stream was what bounded the products (P · V took
+  // 3.4× its tile time).
+  a.nsub = Mm::kMaxSub > 1 && (kp_n + vp_n) * 4 > l2_cache_bytes() / 2 ? Mm::kMaxSub : 1;
   const int group = Hq / Hkv;
-  const int64_t nqb = (Sq + a.bq - 1) / a.bq, per_kv = nqb * group, tasks = per_kv * Hkv;
+  const int64_t tq = a.bq * a.nsub;  // queries per task
+  const int64_t nqb = (Sq + tq - 1) / tq, per_kv = nqb * group, tasks = per_kv * Hkv;
   std::atomic<int64_t> next{0};
   pool.run([&](int, int) {
     Mm::begin();
     static thread_local UnitScratch buf;
-    const size_t n_qs = a.bq * a.DU * 2 * 2, n_s = a.bq * kBK * 4, n_pb = a.bq * kBK * 2, n_o = a.bq * DP * 4;
-    uint8_t* base = buf.get<uint8_t>(n_qs + n_s + n_pb + n_o + 2 * a.bq * 4 + 4 * 64);
+    const size_t n_qs = tq * a.DU * 2 * 2, n_s = a.bq * kBK * 4, n_pb = a.bq * kBK * 2, n_o = tq * DP * 4;
+    uint8_t* base = buf.get<uint8_t>(n_qs + n_s + n_pb + n_o + 2 * tq * 4 + 6 * 64);
     auto carve = [&](size_t bytes) {
       uint8_t* p = base;
       base += (bytes + 63) / 64 * 64;
@@ -305,14 +336,14 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
     b.s = reinterpret_cast<float*>(carve(n_s));
     b.pb = reinterpret_cast<uint16_t*>(carve(n_pb));
     b.o = reinterpret_cast<float*>(carve(n_o));
-    b.m = reinterpret_cast<float*>(carve(a.bq * 4));
-    b.l = reinterpret_cast<float*>(carve(a.bq * 4));
+    b.m = reinterpret_cast<float*>(carve(tq * 4));
+    b.l = reinterpret_cast<float*>(carve(tq * 4));
     // kv head by kv head (its panels stay in L2 while the threads share its tasks); within one,
     // the last query blocks first: with a causal mask they cost most.
     // task t → its query head and first query
     auto where = [&](int64_t t, int64_t* i0) {
       const int64_t r = t % per_kv;
-      *i0 = (nqb - 1 - r % nqb) * a.bq;
+      *i0 = (nqb - 1 - r % nqb) * tq;
       return static_cast<int>(t / per_kv) * group + static_cast<int>(r / nqb);
     };
     // The next task is claimed before this one runs, so that its rows can be fetched meanwhile.
@@ -325,10 +356,10 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
         int64_t n0 = 0;
         const int hn = where(tn, &n0);
         nr = {q + n0 * ldq + static_cast<int64_t>(hn) * D, out + n0 * ldo + static_cast<int64_t>(hn) * D,
-              std::min(a.bq, Sq - n0)};
+              std::min(tq, Sq - n0)};
       }
       const int g = static_cast<int>(t / per_kv);
-      run_task<Mm>(a, HeadPanels{kp + g * kp_n, vp + g * vp_n}, h, i0, b, nr);
+      run_task<Mm>(a, HeadPanels{kp + g * kp_n, vp + g * vp_n}, h, i0, std::min(tq, Sq - i0), b, nr);
       t = tn;
     }
   });
