@@ -42,11 +42,10 @@ constexpr float kLog2e = 1.44269504088896341f;
 
 // 2^x for 16 lanes with x ≤ 0 (the softmax after subtracting the max), relative error ≤ 3e-7
 // (degree-5 minimax on [-0.5, 0.5]). x < -126.5 (whose 2^n would be denormal), -inf and NaN give
-// exactly 0: max() returns its second operand for NaN, and the zeroing mask drops every lane
-// whose n would be below -126. vscalefps puts n into the exponent in one step (p · 2^n is exact
-// for n ≥ -126).
+// exactly 0: the zeroing mask (an ordered compare, false for NaN) drops every such lane, whatever
+// the polynomial made of it (NaN for -inf). vscalefps puts n into the exponent in one step
+// (p · 2^n is exact for n ≥ -126).
 inline __m512 exp2_neg16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
   const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.5f), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_sub_ps(x, n);
@@ -207,9 +206,17 @@ void key_block(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t i0
     const __m512 vm = _mm512_set1_ps(mnew);
     __m512 sum = _mm512_setzero_ps();
     uint16_t* pb = b.pb + i * kBK;
-    for (int v = 0; v < nv; ++v) {
-      const __mmask16 in = v == nv - 1 ? tail : static_cast<__mmask16>(0xffff);
-      const __m512 p = _mm512_maskz_mov_ps(in, exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)));
+    auto prob = [&](int v) { return exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)); };
+    // Pairs of vectors before the last, converted to bf16 by one vcvtne2ps2bf16 (the rounding of
+    // p_to_bf16); only the last vector has lanes past nk to zero.
+    int v = 0;
+    for (; v + 2 < nv; v += 2) {
+      const __m512 p0 = prob(v), p1 = prob(v + 1);
+      sum = _mm512_add_ps(_mm512_add_ps(sum, p0), p1);
+      _mm512_storeu_si512(pb + 16 * v, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    for (; v < nv; ++v) {
+      const __m512 p = v == nv - 1 ? _mm512_maskz_mov_ps(tail, prob(v)) : prob(v);
       sum = _mm512_add_ps(sum, p);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + 16 * v), p_to_bf16(p));
     }
