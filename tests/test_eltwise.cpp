@@ -189,7 +189,10 @@ TEST_P(Eltwise, LayerNormEveryAffine) {
 }
 
 TEST_P(Eltwise, MomentsInDouble) {
-  for (int64_t n : kSizes) {
+  std::vector<int64_t> sizes = kSizes;
+  // Whole chunks of the SIMD kernels' two-pass moments (2^15 values), one more value, several.
+  for (int64_t n : {int64_t{1} << 15, (int64_t{1} << 15) + 1, 3 * (int64_t{1} << 15) + 5}) sizes.push_back(n);
+  for (int64_t n : sizes) {
     auto x = randv(n, rng, 99.0f, 101.0f);
     const kernels::Moments got = k.moments(x.data(), n), want = ref.moments(x.data(), n);
     double abs_sum = 0, dev_sum = 0;
