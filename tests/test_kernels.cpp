@@ -591,6 +591,28 @@ TEST_P(Kernels, LinearW4A8ExtremesAreExact) {
   check_linear_fast(fast, DType::kQ4G64, M, N, K, true, 0, pool, rng, &W, &x);
 }
 
+TEST_P(Kernels, LinearW4A8With16BitScales) {
+  // Scales and offsets as bf16 (what `klein quantize` and MLX write) and as f16: the kernels
+  // convert them per slab (the AMX one with its own zmm conversion); odd N and a K of 5 groups
+  // leave partial vectors of scales.
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (DType sd : {DType::kBF16, DType::kF16}) {
+    const int64_t M = 37, N = 45, K = 320;
+    OwnedWeight W = random_weight(DType::kQ4G64, N, K, rng);
+    std::vector<uint16_t> s16(W.scales.size()), o16(W.offsets.size());
+    for (size_t i = 0; i < s16.size(); ++i) {
+      const float sc = W.scales[i] * (i % 3 ? 1.0f : -1.0f), of = W.offsets[i];
+      s16[i] = sd == DType::kBF16 ? f32_to_bf16(sc) : f32_to_f16(sc);
+      o16[i] = sd == DType::kBF16 ? f32_to_bf16(of) : f32_to_f16(of);
+    }
+    W.w.scales = s16.data();
+    W.w.offsets = o16.data();
+    W.w.scale_dtype = sd;
+    check_linear_fast(fast, DType::kQ4G64, M, N, K, true, 0, pool, rng, &W);
+  }
+}
+
 // The SIMD W4A8 kernels promise the same float32 steps in the same order (gemm_w4a8_common.h),
 // so one q4 model gives the same bits on every CPU; the double reference cannot check that, so
 // the kernels of every ISA this CPU has are held to each other. Shapes cover edge rows and
