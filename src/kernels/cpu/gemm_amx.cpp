@@ -48,8 +48,19 @@ namespace {
 constexpr int kMR = 32;               // activation rows per micro-kernel (two B tiles)
 constexpr int kNR = 32;               // weight rows (columns of y) per micro-kernel (two A tiles)
 constexpr int64_t kStepUnits = 16;    // 4-byte units of K per tile step (64 bytes)
-constexpr int64_t kSlabMax = 128;     // weight rows per slab (a multiple of kNR)
-constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm)
+constexpr int64_t kSlab = 128;        // weight rows per slab (a multiple of kNR)...
+constexpr int64_t kSlabMax = 256;     // ...or twice that where short rows allow (slab_rows_for)
+constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm; 2 slabs at least)
+
+// Weight rows per slab: kSlabMax where that many rows take at most 3/8 of the L2 (the bytes of a
+// 128-row bf16 slab at K = 3072), else kSlab. Every activation block is read from L3 once per
+// slab, and that stream is what bounds these GEMMs (results.md); W8A8 at K ≤ 3072 with a 2 MB L2,
+// 2 threads, ms: M = 1536, N = 9216 19.4-21.2 → 17.3-19.1; M = 768, N = 3072 3.38-3.56 →
+// 3.03-3.17; M = 4608, N = 3072 22.5-24.4 → 20.2-22.4; M = 512, K = 2560, N = 9728 5.28-5.58 →
+// 5.16-5.28. bf16 at K = 3072 (1.5 MB a slab) was no faster than 128 rows.
+inline int64_t slab_rows_for(int64_t row_bytes) {
+  return kSlabMax * row_bytes <= l2_cache_bytes() * 3 / 8 ? kSlabMax : kSlab;
+}
 
 // The weight rows of one slab as the tiles read them: rows `ld` bytes apart (ld a multiple of 64,
 // rows on cache lines), each readable for `steps` whole 64-byte steps. Group g's two A tiles
@@ -212,7 +223,7 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
   return s;
 }
 
-// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as a GotoBLAS GEMM: slabs of kSlabMax weight rows;
+// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as a GotoBLAS GEMM: slabs of `slab` weight rows;
 // per slab, K in chunks whose rows fit half the L2 (with 2 MB: rows up to 8 KB whole, so the
 // DiT's K = 3072 is one chunk; a quarter measured 1-4 points of the tile peak lower); per chunk,
 // every 32-row activation block runs across the slab's 32-row groups, the partial sums of each
@@ -220,15 +231,15 @@ SlabRows slab_rows(const Weight& W, int64_t r0, int64_t n, int64_t K, int64_t ro
 // few groups (32 rows at bf16 K = 9216) and every activation block was streamed from L3 once per
 // 32 weight rows (bf16 K = 9216: 1 200 GFLOP/s at M = 768).
 // kSwiglu: W = [gate; up] (F rows each), y = out [M, F] and [n0, n1) its columns: a slab is
-// kSlabMax / 2 columns (their gate and up rows, kSlabMax weight rows), a group 16 columns.
+// slab / 2 columns (their gate and up rows, slab weight rows), a group 16 columns.
 template <bool kInt8, bool kSwiglu>
 void amx_block(const uint32_t* qa, int64_t KU, const float* sx, int64_t m0, int64_t m1, int64_t K, const Weight& W,
-               int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+               int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, int64_t slab) {
   amx_configure_tiles();
   const int64_t row_bytes = kInt8 ? K : 2 * K;
   const int64_t F = W.rows() / 2;
-  const int64_t SL = kSwiglu ? kSlabMax / 2 : kSlabMax, per_group = kSwiglu ? 16 : kNR;  // in columns of y
-  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (kSlabMax * 64));  // tile steps per chunk
+  const int64_t SL = kSwiglu ? slab / 2 : slab, per_group = kSwiglu ? 16 : kNR;  // in columns of y
+  const int64_t KC = std::max<int64_t>(8, l2_cache_bytes() / 2 / (slab * 64));  // tile steps per chunk
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch conv, part_buf;
   alignas(64) uint32_t c[2][kNR * kMR];  // sums of the block being computed / being stored
@@ -318,9 +329,10 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
     }
   });
   const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
-  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
+  const int64_t slab = slab_rows_for(kInt8 ? K : 2 * K), item = std::max(kItem, 2 * slab);
+  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? item / 2 : item, pool,
              [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-               amx_block<kInt8, kSwiglu>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy);
+               amx_block<kInt8, kSwiglu>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy, slab);
              });
 }
 
