@@ -27,8 +27,23 @@ namespace klein::kernels::amx {
 namespace {
 
 constexpr int kMR = 32, kNR = 32;
-constexpr int64_t kSlabMax = 128;  // weight rows per slab (a multiple of kNR)
-constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm)
+constexpr int64_t kSlab = 128;     // weight rows per slab (a multiple of kNR)...
+constexpr int64_t kSlabMax = 256;  // ...or twice that where the unpacked rows are short (slab_for)
+constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm; 2 slabs at least)
+
+// A slab's rows and its groups per chunk: kSlabMax rows where they hold all of K unpacked in 3/8
+// of the L2 (as gemm_amx.cpp's W8A8 slabs: each activation block streams from L3 once per slab),
+// else kSlab rows in chunks of a quarter of the L2. q4 M = 1536, K = 3072, N = 9216 with a 2 MB
+// L2, 2 threads: 36.5-44.5 → 32.9-36.4 ms (512 rows: 34.9-36.4); M = 768, N = 3072 6.29-6.88 →
+// 5.99-6.41 ms.
+struct SlabPlan {
+  int64_t rows, groups;
+};
+inline SlabPlan slab_for(int64_t K) {
+  const int64_t G = K / 64;
+  if (kSlabMax * K <= l2_cache_bytes() * 3 / 8) return {kSlabMax, G};
+  return {kSlab, std::clamp<int64_t>(l2_cache_bytes() / 4 / (kSlab * 64), 1, G)};
+}
 
 // A slab's rows as the tiles take them: weight rows [r0, r0 + n), or with kSwiglu (W = [gate;
 // up], F rows each) output columns [r0, r0 + n) as groups of 32 rows — 16 gate rows, then the
@@ -175,27 +190,27 @@ void epilogue_swiglu(const float* f, int rows, int cols, const float* sx, const 
   });
 }
 
-// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of kSlabMax
-// weight rows, their groups in chunks whose unpacked bytes fit a quarter of the L2, every
-// activation block across the slab's 32-row groups per chunk, the float sums f of each
-// (block, group) kept between chunks. kSwiglu: W = [gate; up], y = out [M, F] and [n0, n1) its
-// columns; a slab is kSlabMax / 2 columns, a 32-row group 16 columns' gate and up rows.
+// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of sp.rows
+// weight rows, their groups in chunks of sp.groups (slab_for), every activation block across the
+// slab's 32-row groups per chunk, the float sums f of each (block, group) kept between chunks
+// (with one chunk, one f is reused). kSwiglu: W = [gate; up], y = out [M, F] and [n0, n1) its
+// columns; a slab is sp.rows / 2 columns, a 32-row group 16 columns' gate and up rows.
 template <bool kSwiglu>
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0, int64_t m1, int64_t K,
-                const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
+                const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, SlabPlan sp) {
   amx_configure_tiles();
-  const int64_t G = K / 64, KU = K / 4, F = W.rows() / 2;
-  const int64_t SL = kSwiglu ? kSlabMax / 2 : kSlabMax, per_group = kSwiglu ? 16 : kNR;  // in columns of y
-  const int64_t GC = std::clamp<int64_t>(l2_cache_bytes() / 4 / (kSlabMax * 64), 1, G);  // groups per chunk
+  const int64_t G = K / 64, KU = K / 4, F = W.rows() / 2, GC = sp.groups;
+  const int64_t SL = kSwiglu ? sp.rows / 2 : sp.rows, per_group = kSwiglu ? 16 : kNR;  // in columns of y
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch wu_buf, so_buf, f_buf;
-  uint8_t* wu = wu_buf.get<uint8_t>(kSlabMax * GC * 64);
-  float* s = so_buf.get<float>(2 * kSlabMax * G);
-  float* o = s + kSlabMax * G;
+  uint8_t* wu = wu_buf.get<uint8_t>(sp.rows * GC * 64);
+  float* s = so_buf.get<float>(2 * sp.rows * G);
+  float* o = s + sp.rows * G;
   alignas(64) int32_t c[kNR * kMR];
+  alignas(64) float f_one[kNR * kMR];
   for (int64_t sb = n0; sb < n1; sb += SL) {
     const int64_t sn = std::min(SL, n1 - sb), ng = (sn + per_group - 1) / per_group;
-    float* fall = f_buf.get<float>(nblk * ng * kNR * kMR);  // [block][group][32][32]
+    float* fall = GC < G ? f_buf.get<float>(nblk * ng * kNR * kMR) : nullptr;  // [block][group][32][32]
     unpack_scales<kSwiglu>(W, sb, sn, s, o);
     for (int64_t g0 = 0; g0 < G; g0 += GC) {
       const int64_t g1 = std::min(G, g0 + GC);
@@ -205,7 +220,7 @@ void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0
         const int rows = static_cast<int>(std::min<int64_t>(kMR, m1 - m));
         for (int64_t gi = 0; gi < ng; ++gi) {
           const int64_t nb = gi * per_group, wr = gi * kNR;  // first column of y / tile row of the group
-          float* f = fall + (mb * ng + gi) * kNR * kMR;
+          float* f = fall ? fall + (mb * ng + gi) * kNR * kMR : f_one;
           tile_fold(wu + wr * GC * 64, GC * 64, g0, g1, G, qa + (m / kMR) * KU * kMR, s + wr * G, o + wr * G,
                     xt + (m / kMR) * G * kMR, f, c);
           if (g1 < G) continue;
@@ -241,9 +256,11 @@ void w4a8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   static_assert(kMR == 32, "quantize_w4a8_blocks_z writes 32-row blocks");
   quantize_w4a8_blocks_z(x, M, K, ldx, 0, pool, qa, xt, sx);
   const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
-  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
+  const SlabPlan sp = slab_for(K);
+  const int64_t item = std::max(kItem, 2 * sp.rows);
+  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? item / 2 : item, pool,
              [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-               w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy);
+               w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy, sp);
              });
 }
 
