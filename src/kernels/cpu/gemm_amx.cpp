@@ -52,14 +52,16 @@ constexpr int64_t kSlab = 128;        // weight rows per slab (a multiple of kNR
 constexpr int64_t kSlabMax = 256;     // ...or twice that where short rows allow (slab_rows_for)
 constexpr int64_t kItem = 384;        // columns per thread work item (split_gemm; 2 slabs at least)
 
-// Weight rows per slab: kSlabMax where that many rows take at most 3/8 of the L2 (the bytes of a
-// 128-row bf16 slab at K = 3072), else kSlab. Every activation block is read from L3 once per
-// slab, and that stream is what bounds these GEMMs (results.md); W8A8 at K ≤ 3072 with a 2 MB L2,
-// 2 threads, ms: M = 1536, N = 9216 19.4-21.2 → 17.3-19.1; M = 768, N = 3072 3.38-3.56 →
-// 3.03-3.17; M = 4608, N = 3072 22.5-24.4 → 20.2-22.4; M = 512, K = 2560, N = 9728 5.28-5.58 →
-// 5.16-5.28. bf16 at K = 3072 (1.5 MB a slab) was no faster than 128 rows.
-inline int64_t slab_rows_for(int64_t row_bytes) {
-  return kSlabMax * row_bytes <= l2_cache_bytes() * 3 / 8 ? kSlabMax : kSlab;
+// Weight rows per slab. Every activation block is read from L3 once per slab, and that stream is
+// what bounds these GEMMs (results.md), so W8A8 takes kSlabMax rows (long rows in K chunks, as
+// before); 2 threads, 2 MB L2, ms against 128 rows: K = 3072, M = 1536, N = 9216 19.4-21.2 →
+// 17.3-19.1; M = 768, N = 3072 3.38-3.56 → 3.03-3.17; M = 4608, N = 3072 22.5-24.4 → 20.2-22.4;
+// M = 512, K = 2560, N = 9728 5.28-5.58 → 5.16-5.28; M = 1536, K = 9216, N = 3072 22.5-23.2 →
+// 21.4-21.8; K = 12288 27.5-29.3 → 26.2-28.2. bf16 (twice the bytes per product) was no faster
+// with 256 rows at K = 3072 (38.2-40.4 against 39.0-39.6 ms), so it takes them only where they
+// fit 3/8 of the L2 whole (K ≤ 1536 with 2 MB).
+inline int64_t slab_rows_for(bool int8, int64_t row_bytes) {
+  return int8 || kSlabMax * row_bytes <= l2_cache_bytes() * 3 / 8 ? kSlabMax : kSlab;
 }
 
 // The weight rows of one slab as the tiles read them: rows `ld` bytes apart (ld a multiple of 64,
@@ -329,7 +331,7 @@ void amx_linear(const float* x, int64_t M, int64_t K, const Weight& W, const flo
     }
   });
   const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
-  const int64_t slab = slab_rows_for(kInt8 ? K : 2 * K), item = std::max(kItem, 2 * slab);
+  const int64_t slab = slab_rows_for(kInt8, kInt8 ? K : 2 * K), item = std::max(kItem, 2 * slab);
   split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? item / 2 : item, pool,
              [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
                amx_block<kInt8, kSwiglu>(qa, KU, sx, m0, m1, K, W, n0, n1, bias, y, ldy, slab);

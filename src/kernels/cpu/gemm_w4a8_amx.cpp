@@ -27,22 +27,20 @@ namespace klein::kernels::amx {
 namespace {
 
 constexpr int kMR = 32, kNR = 32;
-constexpr int64_t kSlab = 128;     // weight rows per slab (a multiple of kNR)...
-constexpr int64_t kSlabMax = 256;  // ...or twice that where the unpacked rows are short (slab_for)
-constexpr int64_t kItem = 384;     // columns per thread work item (split_gemm; 2 slabs at least)
+constexpr int64_t kSlabMax = 256;  // weight rows per slab (a multiple of kNR)
+constexpr int64_t kItem = 512;     // columns per thread work item (split_gemm; 2 slabs)
 
-// A slab's rows and its groups per chunk: kSlabMax rows where they hold all of K unpacked in 3/8
-// of the L2 (as gemm_amx.cpp's W8A8 slabs: each activation block streams from L3 once per slab),
-// else kSlab rows in chunks of a quarter of the L2. q4 M = 1536, K = 3072, N = 9216 with a 2 MB
-// L2, 2 threads: 36.5-44.5 → 32.9-36.4 ms (512 rows: 34.9-36.4); M = 768, N = 3072 6.29-6.88 →
-// 5.99-6.41 ms.
+// A slab's rows and its groups per chunk: kSlabMax rows, in chunks whose unpacked bytes take 3/8
+// of the L2 (all of K = 3072 with 2 MB). As for gemm_amx.cpp's W8A8 slabs, each activation block
+// streams from L3 once per slab; 2 threads, 2 MB L2, ms against 128-row slabs (chunks of a
+// quarter of the L2): M = 1536, K = 3072, N = 9216 36.5-44.5 → 32.9-36.4 (512 rows: 34.9-36.4);
+// M = 768, N = 3072 6.29-6.88 → 5.99-6.41; M = 1536, K = 9216, N = 3072 38.3-43.0 → 35.0-38.6;
+// M = 768, K = 12288 26.3-27.5 → 25.5-25.9.
 struct SlabPlan {
   int64_t rows, groups;
 };
 inline SlabPlan slab_for(int64_t K) {
-  const int64_t G = K / 64;
-  if (kSlabMax * K <= l2_cache_bytes() * 3 / 8) return {kSlabMax, G};
-  return {kSlab, std::clamp<int64_t>(l2_cache_bytes() / 4 / (kSlab * 64), 1, G)};
+  return {kSlabMax, std::clamp<int64_t>(l2_cache_bytes() * 3 / 8 / (kSlabMax * 64), 1, K / 64)};
 }
 
 // A slab's rows as the tiles take them: weight rows [r0, r0 + n), or with kSwiglu (W = [gate;
@@ -257,8 +255,7 @@ void w4a8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   quantize_w4a8_blocks_z(x, M, K, ldx, 0, pool, qa, xt, sx);
   const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
   const SlabPlan sp = slab_for(K);
-  const int64_t item = std::max(kItem, 2 * sp.rows);
-  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? item / 2 : item, pool,
+  split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
              [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
                w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy, sp);
              });
