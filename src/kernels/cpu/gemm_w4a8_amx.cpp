@@ -30,17 +30,14 @@ constexpr int kMR = 32, kNR = 32;
 constexpr int64_t kSlabMax = 256;  // weight rows per slab (a multiple of kNR)
 constexpr int64_t kItem = 512;     // columns per thread work item (split_gemm; 2 slabs)
 
-// A slab's rows and its groups per chunk: kSlabMax rows, in chunks whose unpacked bytes take 3/8
-// of the L2 (all of K = 3072 with 2 MB). As for gemm_amx.cpp's W8A8 slabs, each activation block
+// Groups per chunk of a slab: its kSlabMax rows unpacked take 3/8 of the L2 (all of K = 3072 with
+// 2 MB). As for gemm_amx.cpp's W8A8 slabs, each activation block
 // streams from L3 once per slab; 2 threads, 2 MB L2, ms against 128-row slabs (chunks of a
 // quarter of the L2): M = 1536, K = 3072, N = 9216 36.5-44.5 → 32.9-36.4 (512 rows: 34.9-36.4);
 // M = 768, N = 3072 6.29-6.88 → 5.99-6.41; M = 1536, K = 9216, N = 3072 38.3-43.0 → 35.0-38.6;
 // M = 768, K = 12288 26.3-27.5 → 25.5-25.9.
-struct SlabPlan {
-  int64_t rows, groups;
-};
-inline SlabPlan slab_for(int64_t K) {
-  return {kSlabMax, std::clamp<int64_t>(l2_cache_bytes() * 3 / 8 / (kSlabMax * 64), 1, K / 64)};
+inline int64_t groups_per_chunk(int64_t K) {
+  return std::clamp<int64_t>(l2_cache_bytes() * 3 / 8 / (kSlabMax * 64), 1, K / 64);
 }
 
 // A slab's rows as the tiles take them: weight rows [r0, r0 + n), or with kSwiglu (W = [gate;
@@ -188,22 +185,22 @@ void epilogue_swiglu(const float* f, int rows, int cols, const float* sx, const 
   });
 }
 
-// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of sp.rows
-// weight rows, their groups in chunks of sp.groups (slab_for), every activation block across the
+// y[m0:m1, n0:n1] (m0 % kMR == 0), blocked as the AMX GEMMs (gemm_amx.cpp): slabs of kSlabMax
+// weight rows, their groups in chunks of GC (groups_per_chunk), every activation block across the
 // slab's 32-row groups per chunk, the float sums f of each (block, group) kept between chunks
 // (with one chunk, one f is reused). kSwiglu: W = [gate; up], y = out [M, F] and [n0, n1) its
-// columns; a slab is sp.rows / 2 columns, a 32-row group 16 columns' gate and up rows.
+// columns; a slab is kSlabMax / 2 columns, a 32-row group 16 columns' gate and up rows.
 template <bool kSwiglu>
 void w4a8_block(const uint32_t* qa, const float* sx, const float* xt, int64_t m0, int64_t m1, int64_t K,
-                const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, SlabPlan sp) {
+                const Weight& W, int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, int64_t GC) {
   amx_configure_tiles();
-  const int64_t G = K / 64, KU = K / 4, F = W.rows() / 2, GC = sp.groups;
-  const int64_t SL = kSwiglu ? sp.rows / 2 : sp.rows, per_group = kSwiglu ? 16 : kNR;  // in columns of y
+  const int64_t G = K / 64, KU = K / 4, F = W.rows() / 2;
+  const int64_t SL = kSwiglu ? kSlabMax / 2 : kSlabMax, per_group = kSwiglu ? 16 : kNR;  // in columns of y
   const int64_t nblk = (m1 - m0 + kMR - 1) / kMR;
   static thread_local UnitScratch wu_buf, so_buf, f_buf;
-  uint8_t* wu = wu_buf.get<uint8_t>(sp.rows * GC * 64);
-  float* s = so_buf.get<float>(2 * sp.rows * G);
-  float* o = s + sp.rows * G;
+  uint8_t* wu = wu_buf.get<uint8_t>(kSlabMax * GC * 64);
+  float* s = so_buf.get<float>(2 * kSlabMax * G);
+  float* o = s + kSlabMax * G;
   alignas(64) int32_t c[kNR * kMR];
   alignas(64) float f_one[kNR * kMR];
   for (int64_t sb = n0; sb < n1; sb += SL) {
@@ -254,10 +251,10 @@ void w4a8_linear(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   static_assert(kMR == 32, "quantize_w4a8_blocks_z writes 32-row blocks");
   quantize_w4a8_blocks_z(x, M, K, ldx, 0, pool, qa, xt, sx);
   const int64_t N = kSwiglu ? W.rows() / 2 : W.rows();
-  const SlabPlan sp = slab_for(K);
+  const int64_t GC = groups_per_chunk(K);
   split_gemm(M, N, kMR, kSwiglu ? 16 : kNR, kSwiglu ? kItem / 2 : kItem, pool,
              [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-               w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy, sp);
+               w4a8_block<kSwiglu>(qa, sx, xt, m0, m1, K, W, n0, n1, bias_f32, y, ldy, GC);
              });
 }
 
