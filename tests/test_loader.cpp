@@ -311,15 +311,21 @@ TEST(Loader, ModelsLoadFromASource) {
 }
 
 // for_each_weight visits every tensor a model bound exactly once: the walk that weight
-// preparation (Backend::prepare_weight), memory accounting and `klein info` rely on.
+// preparation (Backend::prepare_weight), memory accounting and `klein info` rely on. A stacked
+// weight ("a + b", Weight::stacked_with: the text encoder's gate and up) counts as its tensors.
 TEST(Loader, ForEachWeightVisitsEveryBoundTensorOnce) {
   const fs::path tiny = klein::testing::tiny_model_dir();
   auto count = [](auto& model, std::set<std::string>* names) {
     int64_t n = 0;
     EXPECT_TRUE(model.for_each_weight([&](Weight& w) {
                        if (w.empty()) return Status::Ok();
+                       std::string rest = w.name;
+                       for (size_t p; (p = rest.find(" + ")) != std::string::npos; rest = rest.substr(p + 3)) {
+                         ++n;
+                         EXPECT_TRUE(names->insert(rest.substr(0, p)).second) << "visited twice: " << w.name;
+                       }
                        ++n;
-                       EXPECT_TRUE(names->insert(w.name).second) << "visited twice: " << w.name;
+                       EXPECT_TRUE(names->insert(rest).second) << "visited twice: " << w.name;
                        return Status::Ok();
                      }).ok());
     return n;
@@ -354,5 +360,6 @@ TEST(Loader, ForEachWeightVisitsEveryBoundTensorOnce) {
     int64_t files = 0;
     for (const auto& n : tensors_in(tiny / "text_encoder")) files += n != "model.norm.weight";
     EXPECT_EQ(count(*m, &seen), files);
+    EXPECT_EQ(seen.count("model.layers.0.mlp.gate_proj.weight") + seen.count("model.layers.0.mlp.up_proj.weight"), 2u);
   }
 }

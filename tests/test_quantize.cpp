@@ -80,6 +80,70 @@ nlohmann::json read_json(const fs::path& p) {
 
 }  // namespace
 
+// [a; b] is one Weight only where b's rows, scales and offsets start exactly where a's end, and
+// both have one format, column count and owner; rows read through it are a's then b's.
+TEST(Weight, StackedWithNeedsAdjacentRowsScalesAndOffsets) {
+  constexpr int64_t R = 3, C = 128, G = C / 64;
+  std::vector<uint8_t> nib(2 * R * C / 2);
+  std::vector<uint16_t> sc(2 * R * G), of(2 * R * G);
+  for (size_t i = 0; i < nib.size(); ++i) nib[i] = static_cast<uint8_t>(i * 37 + 11);
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = f32_to_bf16(0.01f * static_cast<float>(i + 1));
+  for (size_t i = 0; i < of.size(); ++i) of[i] = f32_to_bf16(-0.5f + 0.03f * static_cast<float>(i));
+  auto q4 = [&](int64_t r0, const char* name) {
+    Weight w;
+    w.name = name;
+    w.dtype = DType::kQ4G64;
+    w.shape = {R, C};
+    w.data = nib.data() + r0 * C / 2;
+    w.nbytes = R * C / 2;
+    w.scales = sc.data() + r0 * G;
+    w.offsets = of.data() + r0 * G;
+    w.scale_dtype = DType::kBF16;
+    return w;
+  };
+  const Weight a = q4(0, "gate"), b = q4(R, "up");
+  ASSERT_TRUE(validate_weight(a).ok() && validate_weight(b).ok());
+  auto s = a.stacked_with(b);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->shape, (Shape{2 * R, C}));
+  EXPECT_TRUE(validate_weight(*s).ok());
+  std::vector<float> x(C), y(C);
+  for (int64_t r = 0; r < 2 * R; ++r) {
+    weight_row_to_f32(r < R ? a : b, r % R, x.data());
+    weight_row_to_f32(*s, r, y.data());
+    ASSERT_EQ(x, y) << "row " << r;
+  }
+  EXPECT_FALSE(b.stacked_with(a).has_value());  // the order matters
+  Weight t = b;
+  t.data = nib.data() + R * C / 2 + 1;  // a gap in the data
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.scales = sc.data() + R * G + 1;  // a gap in the scales
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.offsets = nullptr;  // offsets on one side only
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.offsets = of.data();  // offsets not after a's
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.scale_dtype = DType::kF16;
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.owner = std::make_shared<int>(0);  // storage kept alive by different owners
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  t = b, t.layout = Layout::kPacked;
+  EXPECT_FALSE(a.stacked_with(t).has_value());
+  EXPECT_FALSE(a.stacked_with(Weight()).has_value());
+  // Plain formats: rows only; another column count is never stacked.
+  std::vector<float> f(2 * R * C);
+  Weight p;
+  p.dtype = DType::kF32;
+  p.shape = {R, C};
+  p.data = f.data();
+  p.nbytes = R * C * 4;
+  Weight p2 = p;
+  p2.data = f.data() + R * C;
+  EXPECT_TRUE(p.stacked_with(p2).has_value());
+  p2.shape = {R * 2, C / 2};
+  EXPECT_FALSE(p.stacked_with(p2).has_value());
+}
+
 TEST(QuantizeRecipe, ScalesToF32EqualsScaleAtForEveryScaleType) {
   // The range conversion the AMX kernels use equals the per-element one, at an offset, for the
   // three stored scale types (bf16 as MLX stores them, f16, f32).

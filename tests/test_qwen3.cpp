@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
+#include "klein/klein.h"
 #include "models/qwen3.h"
 #include "pipeline/prompt_encoder.h"
 #include "testing.h"
@@ -193,4 +195,69 @@ TEST(TextEncoder, ConfigContradictingShapesIsAClearError) {
   EXPECT_NE(r.status().message().find("hidden_size"), std::string::npos);
   EXPECT_NE(r.status().message().find("config.json"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// Files written in name order hold each layer's up_proj right after its gate_proj (and `klein
+// quantize` keeps their scales and offsets adjacent too), so the encoder reads the two as one
+// [gate; up] weight with the SwiGLU in the GEMM's epilogue. The same file with the tensors
+// rearranged (up_proj moved away) runs two linears and a separate SwiGLU: the bits are the same,
+// in float32 and with the fast kernels, for the stored and the quantized formats.
+TEST(TextEncoder, StackedGateUpGivesTheBitsOfSeparateProjections) {
+  std::vector<fs::path> folders = {klein::testing::tiny_model_dir()};
+  for (const char* type : {"q8", "q4"}) {
+    QuantizeOptions o;
+    o.model = klein::testing::tiny_model_dir().string();
+    o.output = (klein::testing::make_temp_dir(std::string("te_stack_") + type) / "model").string();
+    o.type = type;
+    ASSERT_TRUE(quantize_model(o).ok()) << type;
+    folders.push_back(o.output);
+  }
+  const std::vector<int32_t> ids = {151644, 872, 198, 32, 8251, 151645, 151643, 151643};
+  const std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 0, 0};
+  for (const fs::path& folder : folders) {
+    const fs::path src = folder / "text_encoder";
+    auto store = WeightStore::open(src);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    int stacked = 0;
+    std::vector<TensorToWrite> front, moved;
+    for (const auto& n : store->names()) {
+      const TensorEntry* e = store->entry(n);
+      (n.find(".mlp.up_proj.") != std::string::npos ? moved : front).push_back({n, e->dtype, e->shape, e->data});
+      if (n.ends_with(".mlp.gate_proj.weight")) {
+        auto g = store->get(n);
+        auto u = store->get(n.substr(0, n.size() - 16) + "up_proj.weight");
+        ASSERT_TRUE(g.ok() && u.ok()) << n;
+        stacked += g->stacked_with(*u).has_value();
+      }
+    }
+    auto cfg = read_json_file(src / "config.json");
+    ASSERT_TRUE(cfg.ok());
+    EXPECT_EQ(stacked, (*cfg)["num_hidden_layers"].get<int>()) << folder << ": gate and up are not adjacent";
+    // The up projections after everything else, the down projections between them and the gates.
+    front.insert(front.end(), moved.begin(), moved.end());
+    const fs::path apart = klein::testing::make_temp_dir("te_apart");
+    ASSERT_TRUE(write_safetensors(apart / "model.safetensors", front).ok());
+    fs::copy_file(src / "config.json", apart / "config.json");
+    auto sep_store = WeightStore::open(apart);
+    ASSERT_TRUE(sep_store.ok());
+    auto g0 = sep_store->get("model.layers.0.mlp.gate_proj.weight"), u0 = sep_store->get("model.layers.0.mlp.up_proj.weight");
+    ASSERT_TRUE(g0.ok() && u0.ok());
+    EXPECT_FALSE(g0->stacked_with(*u0).has_value());
+
+    auto one = Qwen3Encoder::load(src, 27);
+    auto two = Qwen3Encoder::load(apart, 27);
+    ASSERT_TRUE(one.ok() && two.ok()) << folder;
+    for (kernels::Precision p : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+      CpuBackend be(CpuBackendOptions{2, Isa::kCount, p});
+      RunContext ctx;
+      ctx.backend = &be;
+      auto a = one->encode(ids, mask, {9, 18, 27}, ctx);
+      auto b = two->encode(ids, mask, {9, 18, 27}, ctx);
+      ASSERT_TRUE(a.ok() && b.ok()) << folder;
+      ASSERT_EQ(a->numel(), b->numel());
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->numel() * sizeof(float)), 0)
+          << folder << (p == kernels::Precision::kFast ? " fast" : " fp32");
+    }
+    fs::remove_all(apart);
+  }
 }

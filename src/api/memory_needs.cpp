@@ -92,8 +92,9 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   n.te.total += embed;
   const uint64_t H = te.hidden_size, Dq = te.num_heads * te.head_dim, Dkv = te.num_kv_heads * te.head_dim,
                  I = te.intermediate_size;
-  // x, h, tmp [L, H]; q, att [L, Dq]; k, v [L, Dkv]; gate, up [L, I]; RoPE; the 3-tap output.
-  n.te_activations = L * (3 * H + 2 * Dq + 2 * Dkv + 2 * I + te.head_dim + 3 * H) * kF;
+  // x, h, tmp [L, H]; q, att [L, Dq]; k, v [L, Dkv]; gate | up [L, 2I] and SiLU(gate) · up [L, I]
+  // (with a fused SwiGLU the [L, 2I] is never touched: an upper bound); RoPE; the 3-tap output.
+  n.te_activations = L * (3 * H + 2 * Dq + 2 * Dkv + 3 * I + te.head_dim + 3 * H) * kF;
 
   // Transformer: S = text + image (+ reference) tokens; the residual stream h, nrm, att and o
   // [S, D], qkv [S, 3D], RoPE [S, hd] x2, the MLP chunks u [R, 2F] and cat [R, D+F] (R = at most

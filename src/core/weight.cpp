@@ -24,6 +24,36 @@ Result<Weight> Weight::row_range(int64_t r0, int64_t r1) const {
   return v;
 }
 
+std::optional<Weight> Weight::stacked_with(const Weight& below) const {
+  const Weight& a = *this;
+  const Weight& b = below;
+  if (a.empty() || b.empty() || a.layout != Layout::kRowMajor || b.layout != Layout::kRowMajor) return std::nullopt;
+  if (a.dtype != b.dtype || a.device != b.device || a.owner != b.owner || a.shape.size() != 2 ||
+      b.shape.size() != 2 || a.cols() != b.cols())
+    return std::nullopt;
+  // The byte counts must be what the rows take, so that the seam is where the next row starts.
+  const int64_t rb = a.row_bytes();
+  if (a.nbytes != static_cast<size_t>(a.rows() * rb) || b.nbytes != static_cast<size_t>(b.rows() * rb))
+    return std::nullopt;
+  auto follows = [](const void* first, size_t first_bytes, const void* second) {
+    return first != nullptr && second != nullptr &&
+           reinterpret_cast<uintptr_t>(first) + first_bytes == reinterpret_cast<uintptr_t>(second);
+  };
+  if (!follows(a.data, a.nbytes, b.data)) return std::nullopt;
+  if (a.format().scales == ScalePlace::kSeparate) {
+    if (a.scale_dtype != b.scale_dtype) return std::nullopt;
+    const size_t side = static_cast<size_t>(a.rows() * a.scales_per_row()) * dtype_size(a.scale_dtype);
+    if (!follows(a.scales, side, b.scales)) return std::nullopt;
+    if ((a.offsets == nullptr) != (b.offsets == nullptr)) return std::nullopt;
+    if (a.offsets && !follows(a.offsets, side, b.offsets)) return std::nullopt;
+  }
+  Weight s = a;
+  s.name = a.name + " + " + b.name;
+  s.shape[0] = a.rows() + b.rows();
+  s.nbytes = a.nbytes + b.nbytes;
+  return s;
+}
+
 void weight_to_f32(const Weight& w, int64_t offset, int64_t n, float* out) {
   const FormatTraits& f = w.format();
   const int64_t cols = w.cols();

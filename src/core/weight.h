@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct Weight {
   // Rows [r0, r1) as a Weight sharing this one's storage (outer dimension; scales follow).
   // Fails for r0 > r1, r1 > rows() or a packed layout.
   Result<Weight> row_range(int64_t r0, int64_t r1) const;
+  // [this; below] as one Weight sharing their storage, when `below`'s rows, scales and offsets
+  // lie right after this one's in memory (a layer's gate and up projections in a safetensors file
+  // written in name order) and both have one format, column count, device and owner; else
+  // nullopt. Rows are then read across the seam as from one tensor, and nothing is copied.
+  std::optional<Weight> stacked_with(const Weight& below) const;
 };
 
 // Converts elements [offset, offset+n) of a weight (row-major, host) to float32. For block

@@ -96,6 +96,13 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
     KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.gate_proj.weight", {c.intermediate_size, H}, &L.gate));
     KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.up_proj.weight", {c.intermediate_size, H}, &L.up));
     KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.down_proj.weight", {H, c.intermediate_size}, &L.down));
+    // Files written in name order (transformers', `klein quantize`'s) hold up_proj right after
+    // gate_proj: then one GEMM reads both, its activations quantized once and the SwiGLU fused.
+    if (auto gu = L.gate.stacked_with(L.up)) {
+      L.gate_up = std::move(*gu);
+      L.gate = Weight();
+      L.up = Weight();
+    }
     if (c.attention_bias) {
       // transformers' Qwen3Attention gives q/k/v and o_proj a bias when attention_bias is set.
       KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_proj.bias", {Dq}, &L.q_bias));
@@ -135,7 +142,7 @@ Status Qwen3Encoder::for_each_weight(const std::function<Status(Weight&)>& fn) {
   KLEIN_RETURN_IF_ERROR(fn(embed_));
   for (Layer& L : layers_)
     for (Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
-                      &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+                      &L.gate_up, &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
       KLEIN_RETURN_IF_ERROR(fn(*w));
   return Status::Ok();
 }
@@ -146,7 +153,7 @@ void Qwen3Encoder::for_each_block_weight(int i, const std::function<void(const W
   if (i < 0 || i >= num_blocks()) return;
   const Layer& L = layers_[i];
   for (const Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
-                          &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+                          &L.gate_up, &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
     fn(*w);
 }
 

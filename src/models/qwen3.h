@@ -82,6 +82,9 @@ class Qwen3Encoder {
 
   struct Layer {
     Weight input_norm, q, k, v, q_norm, k_norm, o, post_norm, gate, up, down;
+    // [gate; up] as one weight when up's rows follow gate's in memory (Weight::stacked_with); gate
+    // and up are then empty and the MLP's input is one linear with the SwiGLU in its epilogue.
+    Weight gate_up;
     Weight q_bias, k_bias, v_bias, o_bias;  // only with attention_bias
     // The four norm weights above as float32, converted once at load.
     std::vector<float> input_norm_f32, q_norm_f32, k_norm_f32, post_norm_f32;

@@ -9,7 +9,8 @@
 namespace klein {
 
 struct Qwen3Encoder::Buffers {
-  Tensor h, q, k, v, att, g, u, tmp;   // activations [L, ·]
+  Tensor h, q, k, v, att, g, tmp;  // activations [L, ·]
+  Tensor gu;                       // [L, 2I]: the MLP's gate | up (untouched where the SwiGLU is fused)
   Tensor cos, sin;                     // RoPE tables [L, D/2]
   Tensor nw_in, nw_post, nw_q, nw_k;   // the layer's norm weights as f32 on the device
 };
@@ -55,9 +56,14 @@ Status Qwen3Encoder::layer(int i, const TensorView& x, Buffers& b, const AttnMas
 
   // MLP sub-block: down(silu(gate(h)) * up(h)).
   KLEIN_RETURN_IF_ERROR(be.rms_norm(x, b.h, b.nw_post, eps));
-  KLEIN_RETURN_IF_ERROR(be.linear(b.h, Ly.gate, nullptr, b.g));
-  KLEIN_RETURN_IF_ERROR(be.linear(b.h, Ly.up, nullptr, b.u));
-  KLEIN_RETURN_IF_ERROR(be.swiglu(b.g, b.u, b.g));
+  if (!Ly.gate_up.empty()) {
+    KLEIN_RETURN_IF_ERROR(be.linear_swiglu(b.h, Ly.gate_up, nullptr, b.gu, b.g));
+  } else {
+    const int64_t I = c.intermediate_size;
+    KLEIN_RETURN_IF_ERROR(be.linear(b.h, Ly.gate, nullptr, b.gu.view().col_range(0, I)));
+    KLEIN_RETURN_IF_ERROR(be.linear(b.h, Ly.up, nullptr, b.gu.view().col_range(I, 2 * I)));
+    KLEIN_RETURN_IF_ERROR(be.swiglu(b.gu.view().col_range(0, I), b.gu.view().col_range(I, 2 * I), b.g));
+  }
   KLEIN_RETURN_IF_ERROR(be.linear(b.g, Ly.down, nullptr, b.tmp));
   KLEIN_RETURN_IF_ERROR(be.add(x, b.tmp));
   ctx.dump(pfx + "out", x, {1, L, H});
@@ -84,7 +90,7 @@ Status Qwen3Encoder::make_buffers(int64_t L, Backend& be, Buffers& b) const {
 
   const std::pair<Tensor*, Shape> bufs[] = {{&b.h, {L, H}},        {&b.q, {L, Hq * D}},   {&b.k, {L, Hkv * D}},
                                             {&b.v, {L, Hkv * D}},  {&b.att, {L, Hq * D}}, {&b.g, {L, I}},
-                                            {&b.u, {L, I}},        {&b.tmp, {L, H}}};
+                                            {&b.gu, {L, 2 * I}},        {&b.tmp, {L, H}}};
   for (const auto& [t, shape] : bufs) {
     KLEIN_ASSIGN_OR_RETURN(*t, be.alloc(shape, "text encoder activations"));
   }

@@ -49,6 +49,7 @@ struct Plan {
   std::string name;  // input tensor
   Action action;
   std::vector<OutTensor> out;
+  std::vector<uint64_t> at;  // each out tensor's offset in the file's data section (layout_file)
 };
 
 Action decide(const std::string& name, const TensorEntry& e, QType type, const std::vector<std::string>& globs,
@@ -76,7 +77,7 @@ Action decide(const std::string& name, const TensorEntry& e, QType type, const s
 }
 
 Plan plan_tensor(const std::string& name, const TensorEntry& e, Action a) {
-  Plan p{name, a, {}};
+  Plan p{name, a, {}, {}};
   const int64_t rows = e.shape.empty() ? 0 : e.shape[0], cols = e.shape.size() == 2 ? e.shape[1] : 0;
   const uint64_t n = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols);
   switch (a) {
@@ -117,6 +118,13 @@ class FileWriter {
   bool ok() const { return f_ != nullptr && ok_; }
   void write(const void* d, size_t n) {
     if (ok() && n && std::fwrite(d, 1, n, f_) != n) ok_ = false;
+    pos_ += n;
+  }
+  // Writes at byte `pos` of the file (a seek unless it is where the last write ended).
+  void write_at(uint64_t pos, const void* d, size_t n) {
+    if (ok() && pos != pos_ && fseeko(f_, static_cast<off_t>(pos), SEEK_SET) != 0) ok_ = false;
+    pos_ = pos;
+    write(d, n);
   }
   Status close() {
     const bool good = ok() && std::fflush(f_) == 0 && fsync(fileno(f_)) == 0;
@@ -129,10 +137,12 @@ class FileWriter {
   fs::path path_;
   std::FILE* f_;
   bool ok_ = true;
+  uint64_t pos_ = 0;
 };
 
-// Produces the bytes of one planned tensor and writes them.
-Status write_tensor(const WeightStore& store, const Plan& p, FileWriter& out, ThreadPool& pool) {
+// Produces the bytes of one planned tensor and writes them at base + p.at[i] (base: where the
+// file's data section starts).
+Status write_tensor(const WeightStore& store, const Plan& p, uint64_t base, FileWriter& out, ThreadPool& pool) {
   const TensorEntry* e = store.entry(p.name);
   if (p.action == Action::kCopy) {
     // In 64 MiB pieces, each released once written: a kept embedding table (778 MB in Qwen3-4B)
@@ -140,7 +150,7 @@ Status write_tensor(const WeightStore& store, const Plan& p, FileWriter& out, Th
     constexpr size_t kPiece = size_t{64} << 20;
     for (size_t off = 0; off < e->nbytes; off += kPiece) {
       const size_t n = std::min(kPiece, e->nbytes - off);
-      out.write(e->data + off, n);
+      out.write_at(base + p.at[0] + off, e->data + off, n);
       release_pages(e->data + off, n);
     }
     return Status::Ok();
@@ -163,15 +173,15 @@ Status write_tensor(const WeightStore& store, const Plan& p, FileWriter& out, Th
       each_row([&](int64_t r, const float* x) {
         for (int64_t k = 0; k < cols; ++k) b[r * cols + k] = f32_to_bf16(x[k]);
       });
-      out.write(b.data(), 2 * n);
+      out.write_at(base + p.at[0], b.data(), 2 * n);
       break;
     }
     case Action::kQ8: {
       std::vector<int8_t> q(n);
       std::vector<float> s(static_cast<size_t>(rows));
       each_row([&](int64_t r, const float* x) { s[r] = quantize_row_q8(x, cols, q.data() + r * cols); });
-      out.write(q.data(), n);
-      out.write(s.data(), 4 * s.size());
+      out.write_at(base + p.at[0], q.data(), n);
+      out.write_at(base + p.at[1], s.data(), 4 * s.size());
       break;
     }
     case Action::kQ4: {
@@ -186,9 +196,9 @@ Status write_tensor(const WeightStore& store, const Plan& p, FileWriter& out, Th
           b[r * groups + g] = f32_to_bf16(bi);
         }
       });
-      out.write(q.data(), q.size());
-      out.write(s.data(), 2 * s.size());
-      out.write(b.data(), 2 * b.size());
+      out.write_at(base + p.at[0], q.data(), q.size());
+      out.write_at(base + p.at[1], s.data(), 2 * s.size());
+      out.write_at(base + p.at[2], b.data(), 2 * b.size());
       break;
     }
     case Action::kCopy: break;
@@ -196,14 +206,30 @@ Status write_tensor(const WeightStore& store, const Plan& p, FileWriter& out, Th
   return Status::Ok();
 }
 
-std::string header_of(const std::vector<Plan>& plans) {
-  json h = json::object();
+// Places the plans' output tensors in the file: every plan's first tensor (the weight itself) in
+// input order, then the q8 scales / q4 scales, then the q4 biases. So the weights of a layer's
+// gate and up projections, adjacent in a name-ordered input, stay adjacent in the output, and
+// so do their scales and biases: the text encoder then reads the two as one matrix
+// (Weight::stacked_with), with no copy.
+void layout_file(std::vector<Plan>& plans) {
   uint64_t off = 0;
+  for (Plan& p : plans) p.at.assign(p.out.size(), 0);
+  for (size_t j = 0; j < 3; ++j)
+    for (Plan& p : plans)
+      if (j < p.out.size()) {
+        p.at[j] = off;
+        off += p.out[j].nbytes;
+      }
+}
+
+std::string header_of(const std::vector<Plan>& plans) {
+  std::vector<std::pair<uint64_t, const OutTensor*>> entries;
   for (const Plan& p : plans)
-    for (const OutTensor& t : p.out) {
-      h[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes}}};
-      off += t.nbytes;
-    }
+    for (size_t j = 0; j < p.out.size(); ++j) entries.emplace_back(p.at[j], &p.out[j]);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  json h = json::object();
+  for (const auto& [off, t] : entries)
+    h[t->name] = {{"dtype", std::string(dtype_name(t->dtype))}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes}}};
   std::string s = h.dump();
   pad_safetensors_header(s);
   return s;
@@ -243,6 +269,7 @@ Status quantize_component(Context& cx, const std::string& cname, const fs::path&
       plans.push_back(plan_tensor(n, e, decide(n, e, cx.type, cx.globs, &kept)));
     }
     const std::string fname = fs::path(store.files()[fi]).filename().string();
+    layout_file(plans);
     const std::string header = header_of(plans);
     FileWriter w(out / fname);
     uint8_t len[8];
@@ -251,7 +278,7 @@ Status quantize_component(Context& cx, const std::string& cname, const fs::path&
     w.write(header.data(), header.size());
     for (const Plan& p : plans) {
       if (cx.spec.cancel && cx.spec.cancel()) return cancelled("quantize: cancelled");
-      KLEIN_RETURN_IF_ERROR(write_tensor(store, p, w, cx.pool));
+      KLEIN_RETURN_IF_ERROR(write_tensor(store, p, 8 + header.size(), w, cx.pool));
       if (!w.ok()) return io_error((out / fname).string() + ": write failed at tensor '" + p.name + "' (disk full?)");
       const TensorEntry* e = store.entry(p.name);
       release_pages(e->data, e->nbytes);
