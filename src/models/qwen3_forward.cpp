@@ -9,10 +9,10 @@
 namespace klein {
 
 struct Qwen3Encoder::Buffers {
-  Tensor h, q, k, v, att, g, tmp;  // activations [L, ·]
-  Tensor gu;                       // [L, 2I]: the MLP's gate | up (untouched where the SwiGLU is fused)
-  Tensor cos, sin;                     // RoPE tables [L, D/2]
-  Tensor nw_in, nw_post, nw_q, nw_k;   // the layer's norm weights as f32 on the device
+  Tensor h, q, k, v, att, g, tmp;     // activations [L, ·]
+  Tensor gu;                          // [L, 2I]: the MLP's gate | up (untouched where the SwiGLU is fused)
+  Tensor cos, sin;                    // RoPE tables [L, D/2]
+  Tensor nw_in, nw_post, nw_q, nw_k;  // the layer's norm weights as f32 on the device
 };
 
 Status Qwen3Encoder::layer(int i, const TensorView& x, Buffers& b, const AttnMask& mask,
@@ -90,7 +90,7 @@ Status Qwen3Encoder::make_buffers(int64_t L, Backend& be, Buffers& b) const {
 
   const std::pair<Tensor*, Shape> bufs[] = {{&b.h, {L, H}},        {&b.q, {L, Hq * D}},   {&b.k, {L, Hkv * D}},
                                             {&b.v, {L, Hkv * D}},  {&b.att, {L, Hq * D}}, {&b.g, {L, I}},
-                                            {&b.gu, {L, 2 * I}},        {&b.tmp, {L, H}}};
+                                            {&b.gu, {L, 2 * I}},   {&b.tmp, {L, H}}};
   for (const auto& [t, shape] : bufs) {
     KLEIN_ASSIGN_OR_RETURN(*t, be.alloc(shape, "text encoder activations"));
   }
