@@ -213,8 +213,12 @@ Status write_tensor(const WeightStore& store, const Plan& p, uint64_t base, File
 // (Weight::stacked_with), with no copy.
 void layout_file(std::vector<Plan>& plans) {
   uint64_t off = 0;
-  for (Plan& p : plans) p.at.assign(p.out.size(), 0);
-  for (size_t j = 0; j < 3; ++j)
+  size_t kinds = 0;  // most output tensors of one plan
+  for (Plan& p : plans) {
+    p.at.assign(p.out.size(), 0);
+    kinds = std::max(kinds, p.out.size());
+  }
+  for (size_t j = 0; j < kinds; ++j)
     for (Plan& p : plans)
       if (j < p.out.size()) {
         p.at[j] = off;
