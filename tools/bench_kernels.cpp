@@ -3,7 +3,8 @@
 // and each GEMM kernel on the DiT's shapes as a % of the peak of its instruction, the conv2d
 // kernels on the VAE decoder's shapes, plus attention,
 // so kernel changes can be judged in % of peak rather than in absolute seconds. "mix" rows time
-// two micro-kernels' instruction mixes in registers: the ceiling of those kernels on this core.
+// micro-kernels' instruction mixes in registers (VNNI, AVX2) or on operands in L1 (AMX): the
+// ceiling of those kernels on this core before L2 / L3 traffic.
 // At N = 18432 (the MLP input) the kernels that fuse the SwiGLU get two more rows: the linear
 // followed by silu_mul, and run_linear_swiglu.
 //
@@ -278,6 +279,56 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16"))) float amx_loop(int64_t ite
   _tile_release();
   return out[0];
 }
+// The AMX GEMMs' 2 × 2 tile step (gemm_amx.cpp) with its four operand loads, all from 16 KB that
+// stay in L1: the ceiling of that loop before any L2 / L3 traffic. Tiles are not renamed, so a
+// step's loads wait for the products of the step before that read the same tile registers.
+template <bool kInt8>
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) float mix_amx_step_loop(int64_t iters) {
+  static const AmxConfig cfg;
+  alignas(64) static thread_local uint8_t ops[16 * 1024];  // written below: real pages, not the zero page
+  alignas(64) float out[256];
+  std::memset(ops, 0, sizeof ops);
+  _tile_loadconfig(&cfg);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t i = 0; i < iters; ++i) {
+    const uint8_t* o = ops + (i & 3) * 4096;
+    _tile_loadd(4, o, 64); _tile_loadd(5, o + 1024, 64); _tile_loadd(6, o + 2048, 64); _tile_loadd(7, o + 3072, 64);
+    if constexpr (kInt8) {
+      _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+// One group of the AMX W4A8 GEMM (gemm_w4a8_amx.cpp), all in L1: the 2 × 2 step above with
+// tdpbusd, the four int32 tiles stored, and the fold of their 32 × 32 sums into float32 (per 16
+// sums a vcvtdq2ps and two FMAs, the float sums loaded and stored). Where tile products and
+// vector work do not overlap (measured on the AMX Xeon), this is the kernel's ceiling.
+__attribute__((target("amx-tile,amx-int8,avx512f"))) float mix_w4a8_amx_loop(int64_t iters) {
+  static const AmxConfig cfg;
+  alignas(64) static thread_local uint8_t ops[4096];
+  alignas(64) static thread_local int32_t c[1024];
+  alignas(64) static thread_local float f[1024];
+  std::memset(ops, 1, sizeof ops);
+  std::memset(f, 0, sizeof f);
+  _tile_loadconfig(&cfg);
+  const __m512 sv = _mm512_set1_ps(1e-9f), ov = _mm512_set1_ps(1e-9f), xv = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, ops, 64); _tile_loadd(5, ops + 1024, 64); _tile_loadd(6, ops + 2048, 64); _tile_loadd(7, ops + 3072, 64);
+    _tile_dpbusd(0, 4, 6); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 5, 6); _tile_dpbusd(3, 5, 7);
+    _tile_stored(0, c, 128); _tile_stored(1, c + 16, 128); _tile_stored(2, c + 512, 128); _tile_stored(3, c + 528, 128);
+    for (int v = 0; v < 1024; v += 16) {
+      const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + v)), sv, _mm512_load_ps(f + v));
+      _mm512_store_ps(f + v, _mm512_fmadd_ps(xv, ov, t));
+    }
+  }
+  _tile_release();
+  return f[0] + f[1023];
+}
 #undef KLEIN_PEAK_LOOP
 #undef KLEIN_CH
 #undef KLEIN_BARRIER
@@ -424,7 +475,13 @@ int main(int argc, char** argv) {
                        Mix{"mix gemm_w4a8_avxvnni (16 vpdpbusd : 1 cvt : 2 FMA)", cpu.has(Isa::kAvxVnni),
                            mix_w4a8_vnni256_loop, 16.0 * 8 * 8, kVnni256},
                        Mix{"mix gemm_int8_avx2 (vpmaddwd + vpaddd)", cpu.has(Isa::kAvx2), mix_w8a8_avx2_loop,
-                           12.0 * 8 * 4, kMadd256}}) {
+                           12.0 * 8 * 4, kMadd256},
+                       Mix{"mix gemm_int8_amx (2x2 tile step, loads from L1)", cpu.has(Isa::kAmx),
+                           mix_amx_step_loop<true>, 4.0 * 16 * 16 * 64 * 2, kAmxInt8},
+                       Mix{"mix gemm_bf16_amx (2x2 tile step, loads from L1)", cpu.has(Isa::kAmx),
+                           mix_amx_step_loop<false>, 4.0 * 16 * 16 * 32 * 2, kAmxBf16},
+                       Mix{"mix gemm_w4a8_amx (tile step + store + fold, L1)", cpu.has(Isa::kAmx),
+                           mix_w4a8_amx_loop, 4.0 * 16 * 16 * 64 * 2, kAmxInt8}}) {
     if (!x.available || !wanted(x.name)) continue;
     const Peak p = measure_peak(x.name, true, x.loop, x.ops_per_iter, pool1, pool, std::max(reps, 3));
     for (const Row* r : {&p.p1, &p.pn})
