@@ -309,6 +309,41 @@ TEST(Quantize, KeepGlobsAreKeptAndBadOptionsGiveOneClearError) {
   EXPECT_FALSE(fs::exists(d / "y"));
 }
 
+// A q8 or q4 folder as input: its integer weights would be copied under a config naming the new
+// scheme, or re-quantized after one rounding already. Refused, naming the component and a
+// tensor; a bf16 folder (float weights) quantizes as any other.
+TEST(Quantize, AnAlreadyQuantizedFolderIsRefused) {
+  const fs::path d = klein::testing::make_temp_dir("quant_twice");
+  for (const auto& [from, to] : {std::pair{"q8", "q4"}, std::pair{"q4", "q8"}, std::pair{"q8", "bf16"}}) {
+    QuantizeOptions o;
+    o.model = quantized_tiny(from).string();
+    o.output = (d / (std::string(from) + "_to_" + to)).string();
+    o.type = to;
+    Status st = quantize_model(o);
+    ASSERT_FALSE(st.ok()) << from << " -> " << to;
+    EXPECT_EQ(st.code(), Code::kUnsupported) << st.to_string();
+    EXPECT_NE(st.message().find("is already quantized"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(from == std::string("q8") ? "is I8" : "is U32"), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find('\n'), std::string::npos);
+    EXPECT_FALSE(fs::exists(o.output));
+  }
+  for (const auto& e : fs::directory_iterator(d)) ADD_FAILURE() << "left behind: " << e.path();
+  QuantizeOptions o;
+  o.model = klein::testing::tiny_model_dir().string();
+  o.output = (d / "bf16").string();
+  o.type = "bf16";
+  ASSERT_TRUE(quantize_model(o).ok());
+  o.model = o.output;
+  o.output = (d / "bf16_to_q8").string();
+  o.type = "q8";
+  Status st = quantize_model(o);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto src = SafetensorsSource::open(d / "bf16_to_q8" / "transformer");
+  ASSERT_TRUE(src.ok());
+  EXPECT_EQ((*src)->get("transformer_blocks.1.attn.to_q.weight")->dtype, DType::kQ8Row);
+  EXPECT_EQ(read_json(d / "bf16_to_q8" / "transformer" / "config.json")["quantization"]["type"], "q8");
+}
+
 TEST(Quantize, AFailureLeavesNothingBehind) {
   // A transformer file truncated after its header: the copy of the other files succeeds, the
   // quantization of the transformer fails; neither OUT nor OUT.tmp-* may remain.

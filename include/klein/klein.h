@@ -308,7 +308,9 @@ KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 // VAE, tokenizer and scheduler are copied. Embeddings, time/guidance embedders, modulation, the
 // input/output projections, norms, biases and every 1-D tensor stay as stored; `keep` adds
 // tensor-name globs ('*' also matches '.'). The scheme is recorded in each rewritten
-// component's config.json under "quantization".
+// component's config.json under "quantization". An input whose text encoder or transformer is
+// already q8 / q4 (integer weights) is refused with Code::kUnsupported: quantize from the
+// full-precision folder (a bf16 one is fine).
 struct QuantizeOptions {
   std::string model;              // input folder (model_index.json)
   std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)

@@ -398,6 +398,19 @@ Status quantize_model_folder(const QuantizeSpec& spec) {
       comps.emplace_back(c, ci.dir);
     }
   if (comps.empty()) return not_found(spec.input.string() + ": no text_encoder or transformer to quantize");
+  // Integer weights are copied as stored (decide), so a q8 / q4 input would come out unchanged
+  // under a config that names the new scheme; re-quantizing their dequantized values would round
+  // twice. Either way the user wants the full-precision folder.
+  for (const auto& [name, dir] : comps) {
+    KLEIN_ASSIGN_OR_RETURN(WeightStore st, WeightStore::open(dir));
+    for (const std::string& n : st.names()) {
+      const TensorEntry* e = st.entry(n);
+      if (e->shape.size() == 2 && n.ends_with(".weight") && !is_float(e->dtype))
+        return unsupported("--model " + spec.input.string() + ": " + name + " is already quantized (tensor '" + n +
+                           "' is " + std::string(dtype_name(e->dtype)) +
+                           "); quantize from the full-precision folder");
+    }
+  }
   // A --keep glob that matches nothing is a typo, not a no-op.
   for (const std::string& g : spec.keep) {
     bool hit = false;
