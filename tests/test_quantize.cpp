@@ -11,6 +11,8 @@
 
 #include "core/dtype.h"
 #include "core/quantize.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
 #include "klein/klein.h"
 #include "testing.h"
@@ -342,6 +344,83 @@ TEST(Quantize, AnAlreadyQuantizedFolderIsRefused) {
   ASSERT_TRUE(src.ok());
   EXPECT_EQ((*src)->get("transformer_blocks.1.attn.to_q.weight")->dtype, DType::kQ8Row);
   EXPECT_EQ(read_json(d / "bf16_to_q8" / "transformer" / "config.json")["quantization"]["type"], "q8");
+}
+
+// A sharded component (as the real text encoder's model-0000N-of-0000M files): each output shard
+// holds the quantized tensors of its input shard with their companions, and the index maps every
+// output tensor to its file. The tensors are the single file's bytes, the image its bits.
+TEST(Quantize, ShardedInputKeepsItsIndexWithTheCompanions) {
+  const fs::path d = klein::testing::make_temp_dir("quant_shards");
+  fs::copy(klein::testing::tiny_model_dir(), d / "in", fs::copy_options::recursive);
+  const fs::path tdir = d / "in" / "transformer";
+  {
+    auto st = WeightStore::open(klein::testing::tiny_model_dir() / "transformer");
+    ASSERT_TRUE(st.ok()) << st.status().to_string();
+    const std::vector<std::string> names = st->names();
+    std::vector<TensorToWrite> shard[2];
+    nlohmann::json map = nlohmann::json::object();
+    uint64_t total = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const TensorEntry* e = st->entry(names[i]);
+      const int k = i < names.size() / 2 ? 0 : 1;
+      shard[k].push_back({names[i], e->dtype, e->shape, e->data});
+      map[names[i]] = "diffusion_pytorch_model-0000" + std::to_string(k + 1) + "-of-00002.safetensors";
+      total += e->nbytes;
+    }
+    for (int k = 0; k < 2; ++k) {
+      Status w = write_safetensors(tdir / ("diffusion_pytorch_model-0000" + std::to_string(k + 1) + "-of-00002.safetensors"),
+                                   shard[k]);
+      ASSERT_TRUE(w.ok()) << w.to_string();
+    }
+    std::ofstream(tdir / "diffusion_pytorch_model.safetensors.index.json")
+        << nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2);
+  }
+  fs::remove(tdir / "diffusion_pytorch_model.safetensors");
+  QuantizeOptions o;
+  o.model = (d / "in").string();
+  o.output = (d / "out").string();
+  o.type = "q8";
+  Status st = quantize_model(o);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+
+  const fs::path qdir = d / "out" / "transformer";
+  ASSERT_FALSE(fs::exists(qdir / "diffusion_pytorch_model.safetensors"));
+  const auto idx = read_json(qdir / "diffusion_pytorch_model.safetensors.index.json");
+  auto whole = WeightStore::open(quantized_tiny("q8") / "transformer");
+  ASSERT_TRUE(whole.ok());
+  uint64_t total = 0;
+  size_t mapped = 0;
+  for (const auto& [name, file] : idx["weight_map"].items()) {
+    auto shard = WeightStore::open(qdir / file.get<std::string>());
+    ASSERT_TRUE(shard.ok()) << file;
+    const TensorEntry* e = shard->entry(name);
+    ASSERT_NE(e, nullptr) << name << " is not in " << file;
+    const TensorEntry* w = whole->entry(name);
+    ASSERT_NE(w, nullptr) << name;
+    ASSERT_EQ(e->nbytes, w->nbytes) << name;
+    EXPECT_EQ(std::memcmp(e->data, w->data, e->nbytes), 0) << name;
+    total += e->nbytes;
+    ++mapped;
+  }
+  EXPECT_EQ(mapped, whole->names().size());  // every tensor, companions included
+  EXPECT_EQ(idx["metadata"]["total_size"].get<uint64_t>(), total);
+  EXPECT_EQ(idx["weight_map"]["transformer_blocks.1.attn.to_q.weight_scale"],
+            idx["weight_map"]["transformer_blocks.1.attn.to_q.weight"]);
+
+  GenerateRequest g;
+  g.prompt = "a cat";
+  g.width = g.height = 32;
+  g.steps = 2;
+  g.seed = 7;
+  std::vector<uint8_t> rgb[2];
+  for (int k = 0; k < 2; ++k) {
+    auto m = Model::open(k ? qdir.parent_path().string() : quantized_tiny("q8").string());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto r = (*m)->generate(g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    rgb[k] = r->image.rgb;
+  }
+  EXPECT_EQ(rgb[0], rgb[1]);
 }
 
 TEST(Quantize, AFailureLeavesNothingBehind) {
