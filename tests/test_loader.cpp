@@ -134,6 +134,41 @@ TEST(Loader, Q4G64TripleLoadsAndDequantizes) {
   }
 }
 
+// Other MLX layouts (its 8-bit default, other group sizes) pack into the same U32 words; the file
+// gives only bits per group, so the error names every layout that fits and the one klein computes.
+TEST(Loader, OtherMlxBitsAndGroupSizesAreNamedAndRefused) {
+  const int64_t rows = 2, cols = 256;
+  struct Case {
+    int64_t words_per_row, groups_per_row;
+    std::vector<std::string> named;
+  };
+  const Case cases[] = {
+      {cols / 4, cols / 64, {"MLX 4-bit with groups of 128 or 8-bit with groups of 64"}},  // MLX 8-bit
+      {cols / 8, cols / 32, {"MLX 2-bit with groups of 64 or 4-bit with groups of 32"}},
+      {cols / 8, cols / 128, {"MLX 4-bit with groups of 128 or 8-bit with groups of 64"}},
+      {3, 4, {"24 bits per group, no MLX layout"}},
+  };
+  for (const Case& c : cases) {
+    auto dir = klein::testing::make_temp_dir("mlx_layout");
+    std::vector<uint32_t> words(rows * c.words_per_row, 0x76543210u);
+    std::vector<float> s(rows * c.groups_per_row, 0.5f);
+    ASSERT_TRUE(write_safetensors(dir / "m.safetensors",
+                                  {{"lin.weight", DType::kU32, {rows, c.words_per_row}, words.data()},
+                                   {"lin.scales", DType::kF32, {rows, c.groups_per_row}, s.data()},
+                                   {"lin.biases", DType::kF32, {rows, c.groups_per_row}, s.data()}})
+                    .ok());
+    auto src = open_source(dir / "m.safetensors");
+    ASSERT_TRUE(src);
+    Binder b(*src);
+    Weight w;
+    Status st = b.required("lin.weight", {rows, c.words_per_row * 8}, &w);
+    EXPECT_EQ(st.code(), Code::kUnsupported) << st.to_string();
+    for (const std::string& n : c.named) EXPECT_TRUE(has(st.message(), n)) << st.message();
+    EXPECT_TRUE(has(st.message(), "'lin.weight'") && has(st.message(), "4-bit with groups of 64")) << st.message();
+    fs::remove_all(dir);
+  }
+}
+
 TEST(Loader, MissingCompanionIsAClearError) {
   auto dir = klein::testing::make_temp_dir("qmiss");
   std::vector<int8_t> q(8, 1);

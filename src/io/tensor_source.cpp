@@ -1,11 +1,25 @@
 #include "io/tensor_source.h"
 
 #include <algorithm>
+#include <string>
 
 namespace fs = std::filesystem;
 
 namespace klein {
+
 namespace {
+
+// The file alone gives only the bits per group of a U32-packed MLX weight (words per row × 32 /
+// groups per row): e.g. 512 is 8-bit with groups of 64 or 4-bit with groups of 128. Names the
+// layouts MLX can write (bits 2-8, groups 32 / 64 / 128) that fit, for the error message.
+std::string mlx_layout_guess(int64_t bits_per_group) {
+  std::string fits;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int group : {32, 64, 128})
+      if (bits * group == bits_per_group)
+        fits += (fits.empty() ? "" : " or ") + std::to_string(bits) + "-bit with groups of " + std::to_string(group);
+  return fits.empty() ? std::to_string(bits_per_group) + " bits per group, no MLX layout" : "MLX " + fits;
+}
 
 bool is_scale_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
@@ -116,7 +130,9 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
                           ", which does not divide the weight's " + std::to_string(rows) + " x " +
                           std::to_string(cols) + " into groups");
     if (cols / s->shape[1] != 64)
-      return unsupported(where + ": 4-bit group size " + std::to_string(cols / s->shape[1]) + " (only 64)");
+      return unsupported(where + ": " + mlx_layout_guess(e->shape[1] * 32 / s->shape[1]) +
+                         " (klein computes MLX 4-bit with groups of 64: `klein quantize --type q4` of the "
+                         "full-precision model writes that)");
     if (b->shape != s->shape || b->dtype != s->dtype)
       return format_error(where + ": biases '" + c.offset + "' (" + std::string(dtype_name(b->dtype)) + " " +
                           shape_str(b->shape) + ") do not match its scales (" + std::string(dtype_name(s->dtype)) +
