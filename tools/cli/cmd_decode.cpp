@@ -35,8 +35,8 @@ Command make_decode_command() {
     s->add_option("--isa", o->isa, kIsaHelp);
     s->add_option("--precision", o->precision,
                   "fp32: exact float32 arithmetic (default); fast: the dot-product kernels (bf16 convolutions and "
-                  "attention where the CPU has AVX512_BF16 and they beat float32: not on Intel), else the "
-                  "3x3 convolutions in float32 Winograd form")
+                  "attention on AMX tiles, or with AVX512_BF16 where it beats float32: not on Intel CPUs without AMX), "
+                  "else the 3x3 convolutions in float32 Winograd form")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode in seamless tiles of N image pixels (a multiple of 8; same image, less memory). "

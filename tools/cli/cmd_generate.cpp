@@ -75,8 +75,9 @@ Command make_generate_command() {
     s->add_option("--preview", o->preview,
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
-                  "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
-                  "kernels (bf16 GEMMs, convolutions and attention where the CPU has AVX512_BF16 and they beat float32 (not Intel); int8 W8A8 for "
+                  "fp32: float32 arithmetic on the stored weights (default, exact; Q8_ROW / Q4_G64 weights "
+                  "dequantized); fast: the CPU's dot-product kernels (bf16 GEMMs, convolutions and attention on AMX "
+                  "tiles, or with AVX512_BF16 where it beats float32: not on Intel CPUs without AMX; int8 W8A8 for "
                   "Q8_ROW weights, W4A8 for Q4_G64; without bf16 convolutions the VAE's 3x3 ones in float32 Winograd "
                   "form), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
@@ -150,6 +151,7 @@ Command make_generate_command() {
       progress.finish();
       return fail(model.status());
     }
+    if (!o->quiet) note_quantized_fp32(**model, lo.precision);
     auto r = (*model)->generate(g, cb);
     progress.finish();
     if (!r.ok()) return fail(r.status());

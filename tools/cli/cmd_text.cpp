@@ -66,9 +66,10 @@ Command make_encode_command() {
     // The same numbers as generate's text encode under the same --precision (so its embeddings
     // can be given back with --prompt-embeds and give generate's own image).
     s->add_option("--precision", o->precision,
-                  "fp32: float32 arithmetic on the stored weights (default, exact); fast: the CPU's dot-product "
-                  "kernels (as generate --precision fast: int8 W8A8 for Q8_ROW weights, W4A8 for Q4_G64, bf16 "
-                  "dot products for bf16 weights where the CPU has AVX512_BF16), on CUDA bf16 GEMMs")
+                  "fp32: float32 arithmetic on the stored weights (default, exact; Q8_ROW / Q4_G64 weights "
+                  "dequantized); fast: the CPU's dot-product kernels (as generate --precision fast: int8 W8A8 for "
+                  "Q8_ROW weights, W4A8 for Q4_G64, bf16 dot products for float weights on AMX or AVX512_BF16 where "
+                  "they beat float32), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--max-memory", o->max_memory,
                   "Memory budget in GiB: stream the text encoder block by block to stay under it, or fail at once "
@@ -90,6 +91,7 @@ Command make_encode_command() {
     lo.backend = parse_backend(o->backend);
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
+    if (!o->quiet) note_quantized_fp32(**model, lo.precision);
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();

@@ -31,6 +31,11 @@ Status resolve_prompt(const std::string& prompt, bool prompt_given, const std::s
 Status check_output_path(const std::string& option, const std::string& out,
                          const std::vector<std::pair<std::string, std::string>>& inputs);
 
+// Under --precision fp32, a note on stderr when the text encoder or transformer holds q8 / q4
+// weights: they are then dequantized and computed in float32 (slower than bf16 + fast), which a
+// user who ran `klein quantize` rarely wants.
+void note_quantized_fp32(const Model& model, Precision precision);
+
 // --backend: "cpu", "cuda" or "auto" (CLI11 checks the name; anything else is auto).
 BackendKind parse_backend(const std::string& name);
 inline constexpr const char* kBackendHelp =

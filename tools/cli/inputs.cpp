@@ -1,5 +1,5 @@
 // Option values the CLI checks itself: seeds, prompt files, output paths that would overwrite an
-// input. Each error names the option.
+// input (each error names the option); the note on --precision fp32 with quantized weights.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +101,24 @@ Status check_output_path(const std::string& option, const std::string& out,
   if (!parent.empty() && !fs::is_directory(parent, ec))
     return not_found(option + " " + out + ": output folder " + parent.string() + " does not exist");
   return Status::Ok();
+}
+
+void note_quantized_fp32(const Model& model, Precision precision) {
+  if (precision != Precision::kFp32) return;
+  auto info = model.info();
+  if (!info.ok()) return;  // a note only; loading reports real problems
+  std::string formats;
+  for (const ComponentSummary& c : info->components) {
+    if (c.name != "text_encoder" && c.name != "transformer") continue;
+    for (const auto& d : c.by_dtype)
+      if ((d.dtype == "Q8_ROW" || d.dtype == "Q4_G64") && formats.find(d.dtype) == std::string::npos)
+        formats += (formats.empty() ? "" : " and ") + d.dtype;
+  }
+  if (!formats.empty())
+    std::fprintf(stderr,
+                 "note: %s weights under --precision fp32 are dequantized and computed in float32; "
+                 "--precision fast runs them on the int8 kernels\n",
+                 formats.c_str());
 }
 
 BackendKind parse_backend(const std::string& name) {
