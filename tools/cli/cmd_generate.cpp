@@ -151,7 +151,7 @@ Command make_generate_command() {
       progress.finish();
       return fail(model.status());
     }
-    if (!o->quiet) note_quantized_fp32(**model, lo.precision);
+    if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });
     auto r = (*model)->generate(g, cb);
     progress.finish();
     if (!r.ok()) return fail(r.status());

@@ -91,7 +91,7 @@ Command make_encode_command() {
     lo.backend = parse_backend(o->backend);
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
-    if (!o->quiet) note_quantized_fp32(**model, lo.precision);
+    if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });
     Progress progress(o->quiet);
     Callbacks cb;
     cb.progress = progress.callback();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,8 +34,9 @@ Status check_output_path(const std::string& option, const std::string& out,
 
 // Under --precision fp32, a note on stderr when the text encoder or transformer holds q8 / q4
 // weights: they are then dequantized and computed in float32 (slower than bf16 + fast), which a
-// user who ran `klein quantize` rarely wants.
-void note_quantized_fp32(const Model& model, Precision precision);
+// user who ran `klein quantize` rarely wants. `info` runs only under fp32 (it reads the
+// safetensors headers): Model::info or Model::inspect.
+void note_quantized_fp32(Precision precision, const std::function<Result<ModelInfo>()>& info);
 
 // --backend: "cpu", "cuda" or "auto" (CLI11 checks the name; anything else is auto).
 BackendKind parse_backend(const std::string& name);

@@ -103,9 +103,9 @@ Status check_output_path(const std::string& option, const std::string& out,
   return Status::Ok();
 }
 
-void note_quantized_fp32(const Model& model, Precision precision) {
+void note_quantized_fp32(Precision precision, const std::function<Result<ModelInfo>()>& get_info) {
   if (precision != Precision::kFp32) return;
-  auto info = model.info();
+  auto info = get_info();
   if (!info.ok()) return;  // a note only; loading reports real problems
   std::string formats;
   for (const ComponentSummary& c : info->components) {

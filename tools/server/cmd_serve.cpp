@@ -63,6 +63,7 @@ Command make_serve_command() {
     if (o->model.empty())
       std::fprintf(stderr, "note: no --model given; serving the tiny random-weight test model (%s): images are noise\n",
                    so.queue.model_dir.c_str());
+    note_quantized_fp32(so.queue.load.precision, [&] { return Model::inspect(so.queue.model_dir); });
     return server::serve(so);
   };
   return c;
