@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "common.h"
 #include "klein/klein.h"
+#include "progress.h"
 
 namespace klein::cli {
 
@@ -30,18 +31,19 @@ Command make_quantize_command() {
     return s;
   };
   c.run = [o]() -> int {
+    // A bar on a terminal, each component's end as a line otherwise (as generate's progress).
+    Progress progress(o->quiet);
     Callbacks cb;
-    std::string last;
     if (!o->quiet) {
-      cb.progress = [&](const std::string& phase, int done, int total) {
-        if (phase != last || done == total || done % 50 == 0) std::fprintf(stderr, "\r%s %d/%d", phase.c_str(), done, total);
-        if (done == total) std::fprintf(stderr, "\n");
-        last = phase;
+      cb.progress = progress.callback();
+      cb.log = [&progress](const std::string& m) {
+        progress.finish();  // the component's summary goes on a line of its own
+        std::fprintf(stderr, "%s\n", m.c_str());
       };
-      cb.log = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
     }
     const auto t0 = std::chrono::steady_clock::now();
     Status st = quantize_model(o->q, cb);
+    progress.finish();
     if (!st.ok()) return fail(st);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o->quiet) std::fprintf(stderr, "wrote %s (%s) in %.1f s\n", o->q.output.c_str(), o->q.type.c_str(), s);
