@@ -162,6 +162,22 @@ TEST(Model, BadInputsAreStatusesNotCrashes) {
   EXPECT_EQ(o.status().code(), Code::kInvalidArgument);
   EXPECT_NE(o.status().message().find("sse9"), std::string::npos);
   EXPECT_EQ(klein::Model::open("/nonexistent/klein").status().code(), Code::kNotFound);
+  // Thread counts outside 0..kMaxThreads are refused before any thread starts (each is an OS
+  // thread); the same bound for quantize_model.
+  for (int t : {-1, klein::kMaxThreads + 1, 1 << 30}) {
+    klein::LoadOptions bad;
+    bad.threads = t;
+    auto b = klein::Model::open(tiny(), bad);
+    EXPECT_EQ(b.status().code(), Code::kInvalidArgument) << t;
+    EXPECT_NE(b.status().message().find("threads " + std::to_string(t)), std::string::npos) << b.status().message();
+    klein::QuantizeOptions q;
+    q.model = tiny();
+    q.output = "/nonexistent/klein-out";
+    q.threads = t;
+    const klein::Status qs = klein::quantize_model(q);
+    EXPECT_EQ(qs.code(), Code::kInvalidArgument) << t;
+    EXPECT_NE(qs.message().find("threads " + std::to_string(t)), std::string::npos) << qs.message();
+  }
 }
 
 TEST(Model, NoExceptionEscapes) {

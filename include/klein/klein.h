@@ -83,8 +83,12 @@ enum class BackendKind {
           // the host. Fails at open without a device, or in a build without the backend
 };
 
+// The most worker threads an engine, a one-shot call or quantize_model takes (a larger
+// `threads` is refused: each is an OS thread).
+inline constexpr int kMaxThreads = 1024;
+
 struct LoadOptions {
-  int threads = 0;                       // worker threads; 0: all cores
+  int threads = 0;                       // worker threads; 0: all cores; at most kMaxThreads
   MemoryPolicy memory = MemoryPolicy::kLow;
   std::string isa;                       // "": the fastest kernels this CPU has; else a ceiling: "scalar", "avx2", ...
                                          // ("avx512_bf16" also forces bf16 dot products where float32 is faster)
@@ -265,7 +269,7 @@ struct GenerateOptions {
   std::string noise_npy;        // if set: initial noise (1, 128, H/16, W/16) from this .npy
   bool bf16_noise = false;      // draw the noise as torch does for a bfloat16 pipeline
   std::vector<std::string> reference_images;  // editing: 1..N image files
-  int threads = 0;              // 0: all cores
+  int threads = 0;              // 0: all cores; at most kMaxThreads
   std::string dump_dir;         // if set: named intermediates as .npy
   std::string dump_filter;      // comma-separated name parts to dump (empty: all)
 
@@ -316,7 +320,7 @@ struct QuantizeOptions {
   std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)
   std::string type = "q8";        // "q8", "q4" or "bf16"
   std::vector<std::string> keep;  // extra globs of tensors kept as stored
-  int threads = 0;                // 0: all cores
+  int threads = 0;                // 0: all cores; at most kMaxThreads
 };
 // progress("quantize <component>", tensors done, total); log: one summary line per component.
 KLEIN_API Status quantize_model(const QuantizeOptions& options, const Callbacks& callbacks = {});

@@ -77,7 +77,7 @@ typedef int (*klein_cancel_fn)(void* user_data);
 typedef void (*klein_preview_fn)(int step, int total, const klein_image* preview, void* user_data);
 
 typedef struct klein_load_params {
-  int threads;        /* 0: all cores */
+  int threads;        /* 0: all cores; at most 1024 (kMaxThreads) */
   int memory;         /* a klein_memory_policy */
   const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
   int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */

@@ -11,7 +11,9 @@
 namespace klein::api {
 
 Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options) {
-  if (options.threads < 0) return invalid_argument("threads must be >= 0 (0: all cores)");
+  if (options.threads < 0 || options.threads > kMaxThreads)
+    return invalid_argument("threads " + std::to_string(options.threads) + ": expected 0 (all cores) to " +
+                            std::to_string(kMaxThreads));
   Isa ceiling = Isa::kCount;
   if (!options.isa.empty() && !isa_from_name(options.isa, &ceiling)) {
     std::string names;

@@ -10,6 +10,9 @@ namespace klein {
 Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
   return api::guarded("quantize", [&]() -> Status {
     if (o.model.empty()) return invalid_argument("quantize: give the input model folder (--model)");
+    if (o.threads < 0 || o.threads > kMaxThreads)
+      return invalid_argument("quantize: threads " + std::to_string(o.threads) + ": expected 0 (all cores) to " +
+                              std::to_string(kMaxThreads));
     QuantizeSpec s;
     s.input = o.model;
     s.output = o.output;
