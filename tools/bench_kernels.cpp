@@ -260,39 +260,27 @@ struct alignas(64) AmxConfig {
   uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
-template <bool kInt8>
-__attribute__((target("amx-tile,amx-int8,amx-bf16"))) float amx_loop(int64_t iters) {
+// kLoads = false: the operand tiles loaded once, then tile products only (the peak). kLoads =
+// true: the AMX GEMMs' 2 × 2 tile step (gemm_amx.cpp) with its four operand loads, from 16 KB
+// that stay in L1: the ceiling of that loop before any L2 / L3 traffic (a `mix` row). Tiles are
+// not renamed, so a step's loads wait for the products of the step before that read the same
+// tile registers.
+template <bool kInt8, bool kLoads>
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) float amx_tile_loop(int64_t iters) {
   static const AmxConfig cfg;
-  alignas(64) static const uint8_t ops[1024] = {};  // zeros: bf16 sums stay 0, int8 sums too
+  alignas(64) static thread_local uint8_t ops[16 * 1024];  // zeros: the sums stay 0
   alignas(64) float out[256];
+  std::memset(ops, 0, sizeof ops);  // written: real pages, not the shared zero page
   _tile_loadconfig(&cfg);
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  _tile_loadd(4, ops, 64); _tile_loadd(5, ops, 64); _tile_loadd(6, ops, 64); _tile_loadd(7, ops, 64);
-  for (int64_t i = 0; i < iters; ++i) {
-    if constexpr (kInt8) {
-      _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
-    } else {
-      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-    }
+  if constexpr (!kLoads) {
+    _tile_loadd(4, ops, 64); _tile_loadd(5, ops + 1024, 64); _tile_loadd(6, ops + 2048, 64); _tile_loadd(7, ops + 3072, 64);
   }
-  _tile_stored(0, out, 64);
-  _tile_release();
-  return out[0];
-}
-// The AMX GEMMs' 2 × 2 tile step (gemm_amx.cpp) with its four operand loads, all from 16 KB that
-// stay in L1: the ceiling of that loop before any L2 / L3 traffic. Tiles are not renamed, so a
-// step's loads wait for the products of the step before that read the same tile registers.
-template <bool kInt8>
-__attribute__((target("amx-tile,amx-int8,amx-bf16"))) float mix_amx_step_loop(int64_t iters) {
-  static const AmxConfig cfg;
-  alignas(64) static thread_local uint8_t ops[16 * 1024];  // written below: real pages, not the zero page
-  alignas(64) float out[256];
-  std::memset(ops, 0, sizeof ops);
-  _tile_loadconfig(&cfg);
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t i = 0; i < iters; ++i) {
-    const uint8_t* o = ops + (i & 3) * 4096;
-    _tile_loadd(4, o, 64); _tile_loadd(5, o + 1024, 64); _tile_loadd(6, o + 2048, 64); _tile_loadd(7, o + 3072, 64);
+    if constexpr (kLoads) {
+      const uint8_t* o = ops + (i & 3) * 4096;
+      _tile_loadd(4, o, 64); _tile_loadd(5, o + 1024, 64); _tile_loadd(6, o + 2048, 64); _tile_loadd(7, o + 3072, 64);
+    }
     if constexpr (kInt8) {
       _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
     } else {
@@ -453,9 +441,9 @@ int main(int argc, char** argv) {
     take(kMadd256,
          measure_peak("int8 vpmaddubsw+vpmaddwd ymm", cpu.has(Isa::kAvx2), madd256_loop, 12 * 8 * 8, pool1, pool, pr));
     take(kAmxInt8,
-         measure_peak("int8 AMX tdpbssd", cpu.has(Isa::kAmx), amx_loop<true>, 4 * 16 * 16 * 64 * 2, pool1, pool, pr));
+         measure_peak("int8 AMX tdpbssd", cpu.has(Isa::kAmx), amx_tile_loop<true, false>, 4 * 16 * 16 * 64 * 2, pool1, pool, pr));
     take(kAmxBf16,
-         measure_peak("bf16 AMX tdpbf16ps", cpu.has(Isa::kAmx), amx_loop<false>, 4 * 16 * 16 * 32 * 2, pool1, pool, pr));
+         measure_peak("bf16 AMX tdpbf16ps", cpu.has(Isa::kAmx), amx_tile_loop<false, false>, 4 * 16 * 16 * 32 * 2, pool1, pool, pr));
 #endif
   };
   measure_peaks();
@@ -477,9 +465,9 @@ int main(int argc, char** argv) {
                        Mix{"mix gemm_int8_avx2 (vpmaddwd + vpaddd)", cpu.has(Isa::kAvx2), mix_w8a8_avx2_loop,
                            12.0 * 8 * 4, kMadd256},
                        Mix{"mix gemm_int8_amx (2x2 tile step, loads from L1)", cpu.has(Isa::kAmx),
-                           mix_amx_step_loop<true>, 4.0 * 16 * 16 * 64 * 2, kAmxInt8},
+                           amx_tile_loop<true, true>, 4.0 * 16 * 16 * 64 * 2, kAmxInt8},
                        Mix{"mix gemm_bf16_amx (2x2 tile step, loads from L1)", cpu.has(Isa::kAmx),
-                           mix_amx_step_loop<false>, 4.0 * 16 * 16 * 32 * 2, kAmxBf16},
+                           amx_tile_loop<false, true>, 4.0 * 16 * 16 * 32 * 2, kAmxBf16},
                        Mix{"mix gemm_w4a8_amx (tile step + store + fold, L1)", cpu.has(Isa::kAmx),
                            mix_w4a8_amx_loop, 4.0 * 16 * 16 * 64 * 2, kAmxInt8}}) {
     if (!x.available || !wanted(x.name)) continue;
