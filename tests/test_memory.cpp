@@ -227,6 +227,41 @@ TEST(MemoryBudget, StreamedRunGivesTheSameImage) {
   }
 }
 
+// The same with q8 / q4 folders in both precisions: the text encoder's gate and up then load as
+// one stacked weight (adjacent in klein quantize's files), which streaming must load and
+// release like any other.
+TEST(MemoryBudget, StreamedQuantizedRunGivesTheSameImage) {
+  const auto dir = klein::testing::make_temp_dir("mem_quant");
+  for (const char* type : {"q8", "q4"}) {
+    klein::QuantizeOptions q;
+    q.model = tiny();
+    q.output = (dir / type).string();
+    q.type = type;
+    ASSERT_TRUE(klein::quantize_model(q).ok());
+    for (auto precision : {klein::Precision::kFp32, klein::Precision::kFast}) {
+      klein::LoadOptions lo;
+      lo.threads = 2;
+      lo.precision = precision;
+      auto plain = klein::Model::open(q.output, lo);
+      ASSERT_TRUE(plain.ok());
+      auto a = (*plain)->generate(small_request());
+      ASSERT_TRUE(a.ok()) << a.status().to_string();
+      lo.max_memory_gib = 64;
+      klein::api::set_plan_adjuster([&](MemoryPlan& p) { p.stream_te = p.stream_dit = true; });
+      auto budgeted = klein::Model::open(q.output, lo);
+      ASSERT_TRUE(budgeted.ok());
+      std::string plan_line;
+      klein::Callbacks cb;
+      cb.log = [&](const std::string& s) { plan_line = s; };
+      auto b = (*budgeted)->generate(small_request(), cb);
+      klein::api::set_plan_adjuster({});
+      ASSERT_TRUE(b.ok()) << type << ": " << b.status().to_string();
+      EXPECT_NE(plan_line.find("text encoder streamed, transformer streamed"), std::string::npos) << plan_line;
+      EXPECT_EQ(png_of(a->image), png_of(b->image)) << type << " precision " << static_cast<int>(precision);
+    }
+  }
+}
+
 TEST(MemoryBudget, DontNeedReleasesMappedPages) {
   const fs::path f = klein::testing::make_temp_dir("memory") / "madvise.bin";
   const size_t n = size_t{64} << 20;
