@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # klein.cpp beside PyTorch/diffusers on one machine, in one run, on the full-size random-weight
 # FLUX.2 [klein] 4B (real architecture and layout): per-phase times, whole-image wall time and
-# peak RSS, as markdown rows for bench/results.md.
+# peak RSS, as markdown rows for bench/results.md; then each klein run's whole image as a
+# multiple of PyTorch's and of the q8 run's.
 #
 #   bench/vs_pytorch.sh [MODEL_DIR] [BUILD_DIR]
 #
@@ -87,6 +88,7 @@ print(f(enc), f(ref), f(statistics.median(steps) if steps else None), f(dec), f(
 PY
 }
 
+ratios=()  # "size mode format/precision wall ratio", for the summary after the table
 echo
 echo "| size | mode | engine | weights / precision | text encode s | ref encode s | step s (median) | VAE decode s | whole image wall s | peak RSS GiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -107,8 +109,10 @@ for size in $sizes; do
       wall=$(awk '$1=="WALL"{print $2}' "$work/pt.log")
       if [ -z "$best" ] || awk "BEGIN{exit !($wall < ${best%% *})}"; then best="$wall $(parse pytorch "$work/pt.log")"; fi
     done
+    pt_wall=""
     if [ -n "$best" ]; then
       read -r wall enc ref step dec call rss <<<"$best"
+      pt_wall=$wall
       echo "| ${w}x${h} | $mode | PyTorch + diffusers | bf16 | $enc | $ref | $step | $dec | $wall (call $call) | $rss |"
     fi
     for fp in $formats; do
@@ -123,6 +127,26 @@ for size in $sizes; do
       done
       read -r wall enc ref step dec den rss <<<"$best"
       echo "| ${w}x${h} | $mode | klein.cpp | $fmt / $prec | $enc | $ref | $step | $dec | $wall | $rss |"
+      ratios+=("${w}x${h} $mode $fmt/$prec $wall ${pt_wall:--}")
     done
   done
+done
+
+# Whole image as a multiple of PyTorch's wall time (the issue's 0.65× bar), and each run against
+# the q8 run of its case (the 1.3× bar for q4), so the table need not be divided by hand.
+echo
+echo "| size | mode | weights / precision | × PyTorch's whole image | × q8's |"
+echo "|---|---|---|---|---|"
+for r in "${ratios[@]}"; do
+  read -r sz md fp wall ptw <<<"$r"
+  q8=""
+  for o in "${ratios[@]}"; do
+    read -r sz2 md2 fp2 wall2 _ <<<"$o"
+    if [ "$sz2 $md2" = "$sz $md" ] && [ "${fp2%%/*}" = q8 ] && [ "${fp2#*/}" = "${fp#*/}" ]; then q8=$wall2; fi
+  done
+  awk -v s="$sz" -v m="$md" -v f="$fp" -v w="$wall" -v p="$ptw" -v q="$q8" 'BEGIN {
+    pt = (p == "-" || p == "") ? "-" : sprintf("%.2f×", w / p)
+    q8 = (q == "") ? "-" : sprintf("%.2f×", w / q)
+    sub("/", " / ", f)
+    printf "| %s | %s | %s | %s | %s |\n", s, m, f, pt, q8 }'
 done
