@@ -64,6 +64,33 @@ std::vector<uint8_t> png_of(const klein::Image& img) {
   return r.ok() ? *r : std::vector<uint8_t>{};
 }
 
+// Opens `dir` under a budget whose plan is forced to stream the text encoder and the transformer
+// block by block (the tiled VAE equals the whole one to rounding, not bits, so it stays whole),
+// and generates small_request(). Returns the result and the plan's log line; counts the plans
+// made in *planned.
+struct StreamedRun {
+  klein::Result<klein::GenerateResult> result;
+  std::string plan_line;
+};
+StreamedRun generate_streamed(const std::string& dir, klein::LoadOptions lo, int* planned = nullptr) {
+  lo.max_memory_gib = 64;
+  klein::api::set_plan_adjuster([planned](MemoryPlan& p) {
+    p.stream_te = p.stream_dit = true;
+    if (planned) ++*planned;
+  });
+  StreamedRun run{klein::Status(klein::Code::kInternal, "not run"), {}};
+  auto model = klein::Model::open(dir, lo);
+  if (!model.ok()) {
+    run.result = model.status();
+  } else {
+    klein::Callbacks cb;
+    cb.log = [&](const std::string& s) { run.plan_line = s; };
+    run.result = (*model)->generate(small_request(), cb);
+  }
+  klein::api::set_plan_adjuster({});
+  return run;
+}
+
 }  // namespace
 
 TEST(MemoryPlan, AmpleBudgetKeepsEverythingWhole) {
@@ -206,24 +233,13 @@ TEST(MemoryBudget, StreamedRunGivesTheSameImage) {
 
   for (auto policy : {klein::MemoryPolicy::kLow, klein::MemoryPolicy::kResident}) {
     lo.memory = policy;
-    lo.max_memory_gib = 64;
     int planned = 0;
-    klein::api::set_plan_adjuster([&](MemoryPlan& p) {
-      p.stream_te = p.stream_dit = true;  // (the tiled VAE equals the whole one to rounding, not bits)
-      ++planned;
-    });
-    auto budgeted = klein::Model::open(tiny(), lo);
-    ASSERT_TRUE(budgeted.ok());
-    std::string plan_line;
-    klein::Callbacks cb;
-    cb.log = [&](const std::string& s) { plan_line = s; };
-    auto b = (*budgeted)->generate(small_request(), cb);
-    klein::api::set_plan_adjuster({});
-    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    auto b = generate_streamed(tiny(), lo, &planned);
+    ASSERT_TRUE(b.result.ok()) << b.result.status().to_string();
     EXPECT_EQ(planned, 1);
-    EXPECT_NE(plan_line.find("text encoder streamed, transformer streamed, VAE whole image"), std::string::npos)
-        << plan_line;
-    EXPECT_EQ(png_of(a->image), png_of(b->image));  // byte-identical PNG
+    EXPECT_NE(b.plan_line.find("text encoder streamed, transformer streamed, VAE whole image"), std::string::npos)
+        << b.plan_line;
+    EXPECT_EQ(png_of(a->image), png_of(b.result->image));  // byte-identical PNG
   }
 }
 
@@ -246,18 +262,10 @@ TEST(MemoryBudget, StreamedQuantizedRunGivesTheSameImage) {
       ASSERT_TRUE(plain.ok());
       auto a = (*plain)->generate(small_request());
       ASSERT_TRUE(a.ok()) << a.status().to_string();
-      lo.max_memory_gib = 64;
-      klein::api::set_plan_adjuster([&](MemoryPlan& p) { p.stream_te = p.stream_dit = true; });
-      auto budgeted = klein::Model::open(q.output, lo);
-      ASSERT_TRUE(budgeted.ok());
-      std::string plan_line;
-      klein::Callbacks cb;
-      cb.log = [&](const std::string& s) { plan_line = s; };
-      auto b = (*budgeted)->generate(small_request(), cb);
-      klein::api::set_plan_adjuster({});
-      ASSERT_TRUE(b.ok()) << type << ": " << b.status().to_string();
-      EXPECT_NE(plan_line.find("text encoder streamed, transformer streamed"), std::string::npos) << plan_line;
-      EXPECT_EQ(png_of(a->image), png_of(b->image)) << type << " precision " << static_cast<int>(precision);
+      auto b = generate_streamed(q.output, lo);
+      ASSERT_TRUE(b.result.ok()) << type << ": " << b.result.status().to_string();
+      EXPECT_NE(b.plan_line.find("text encoder streamed, transformer streamed"), std::string::npos) << b.plan_line;
+      EXPECT_EQ(png_of(a->image), png_of(b.result->image)) << type << " precision " << static_cast<int>(precision);
     }
   }
 }
