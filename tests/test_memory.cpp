@@ -354,6 +354,7 @@ TEST(HostMemory, TensorPagesBecomeResidentOnlyWhenWritten) {
   GTEST_SKIP() << "ASan's allocator and shadow memory change what RSS counts";
 #endif
 #endif
+  if (klein::testing::kThreadSanitizer) GTEST_SKIP() << "TSan's allocator clears the memory it hands out";
   const int64_t n = int64_t{64} << 20;  // 256 MiB of floats
   const uint64_t before = klein::api::process_rss_bytes();
   auto t = klein::Tensor::alloc({n}, "a test tensor");

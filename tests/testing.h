@@ -22,4 +22,18 @@ struct CliResult {
 // KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
 
+// A ThreadSanitizer build (KLEIN_TSAN): every memory access is instrumented (time bounds do not
+// hold) and its allocator clears what it hands out (so RSS counts pages never written).
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
 }  // namespace klein::testing
