@@ -347,13 +347,7 @@ TEST(HostMemory, AlignmentAndHugePageAdvice) {
 // kernels never write — the fused SwiGLU's [rows, 2F] — costs no RSS. A reused block is still
 // zero: the heap's own memory, written and freed, comes back cleared.
 TEST(HostMemory, TensorPagesBecomeResidentOnlyWhenWritten) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "ASan's allocator and shadow memory change what RSS counts";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "ASan's allocator and shadow memory change what RSS counts";
-#endif
-#endif
+  if (klein::testing::kAddressSanitizer) GTEST_SKIP() << "ASan's allocator and shadow memory change what RSS counts";
   if (klein::testing::kThreadSanitizer) GTEST_SKIP() << "TSan's allocator clears the memory it hands out";
   const int64_t n = int64_t{64} << 20;  // 256 MiB of floats
   const uint64_t before = klein::api::process_rss_bytes();

@@ -22,18 +22,26 @@ struct CliResult {
 // KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
 
-// A ThreadSanitizer build (KLEIN_TSAN): every memory access is instrumented (time bounds do not
-// hold) and its allocator clears what it hands out (so RSS counts pages never written).
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
+// Sanitizer builds, for tests whose bounds measure what a sanitizer changes. AddressSanitizer
+// (KLEIN_SANITIZE): its allocator and shadow memory change what RSS counts. ThreadSanitizer
+// (KLEIN_TSAN): every memory access is instrumented (time bounds do not hold) and its allocator
+// clears what it hands out (RSS counts pages never written). GCC defines __SANITIZE_*__; clang
+// answers __has_feature.
+#if defined(__has_feature)
+#define KLEIN_TESTING_HAS_FEATURE(x) __has_feature(x)
+#else
+#define KLEIN_TESTING_HAS_FEATURE(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || KLEIN_TESTING_HAS_FEATURE(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#if defined(__SANITIZE_THREAD__) || KLEIN_TESTING_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool kThreadSanitizer = true;
 #else
 inline constexpr bool kThreadSanitizer = false;
 #endif
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
+#undef KLEIN_TESTING_HAS_FEATURE
 
 }  // namespace klein::testing
