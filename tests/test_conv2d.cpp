@@ -5,7 +5,6 @@
 // Tolerance as for the other kernels: max|fast − ref| ≤ 1e-5 · max(1, max|ref|).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -531,28 +530,6 @@ TEST_P(Conv2d, RejectsMismatchedWeight) {
   EXPECT_THROW(kernels::run_conv2d(set, x.data(), 1, 2, 4, 4, w.w, nullptr, y.data(),
                                    kernels::Conv2dParams::same(3), pool),
                std::invalid_argument);
-}
-
-// Throughput of the VAE's dominant conv shape (3×3, 512 → 512 at 64×64, bf16 weights). Prints
-// GFLOP/s; only checks that it ran. Set KLEIN_CONV_BENCH=1 for the larger repeat count. Runs the
-// best kernel only (the scalar one would take minutes at this size).
-TEST(Conv2dSpeed, Speed512) {
-  const int64_t C = 512, H = 64, W = 64;
-  std::mt19937 rng(1);
-  const auto x = random_vec(C * H * W, rng);
-  auto w = make_weight(DType::kBF16, {C, C, 3, 3}, random_vec(C * C * 9, rng, -0.05f, 0.05f));
-  std::vector<float> y(C * H * W);
-  ThreadPool pool(2);
-  const int reps = std::getenv("KLEIN_CONV_BENCH") ? 5 : 1;
-  const auto best = kernels::KernelSet::select(CpuFeatures::host());
-  kernels::run_conv2d(best, x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < reps; ++r)
-    kernels::run_conv2d(best, x.data(), 1, C, H, W, w.w, nullptr, y.data(), kernels::Conv2dParams::same(3), pool);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-  const double gflop = 2.0 * C * C * 9 * H * W / 1e9;
-  std::printf("[ conv2d ] 3x3 512->512 @64x64, 2 threads: %.1f ms, %.1f GFLOP/s\n", s * 1e3, gflop / s);
-  EXPECT_TRUE(std::isfinite(y[0]));
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // FLUX.2 VAE: config parsing, loading with shape checks, decode / encode-mean against the
 // diffusers reference fixtures (tests/data/ref/vae_*, made by scripts/reference/dump_reference.py
 // from the tiny model in tests/data/tiny/vae), the latent batch-norm statistics, and the
-// patchify / unpatchify / normalise helpers of pipeline/latents.h.
+// patchify / unpatchify / normalise helpers of pipeline/latents.h. (Full-size timings:
+// klein-bench_vae.)
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -454,75 +454,6 @@ TEST(Flux2VaeTiled, TileSizeAutomaticAndRounded) {
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{}, true), 0);             // small: whole image
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, true), 512);
   EXPECT_EQ(vae.tile_size(64, 64, VaeTiling{.auto_above_bytes = 1}, false), 512);
-}
-
-}  // namespace
-}  // namespace klein
-
-// A measurement on a full-size VAE, skipped unless KLEIN_FULL_VAE names its folder (e.g. the
-// random 4B model's vae/): decodes a random latent of KLEIN_FULL_VAE_PX² output pixels (256)
-// whole and/or in KLEIN_FULL_VAE_TILE-pixel tiles (96) — KLEIN_FULL_VAE_MODE compare (default:
-// both, prints the relative difference), whole or tiled (one, for /usr/bin/time -v peak RSS),
-// or encode / encode-tiled (times the encoder's mean path on a random KLEIN_FULL_VAE_PX² image
-// instead, whole or in KLEIN_FULL_VAE_TILE-pixel tiles);
-// KLEIN_FULL_VAE_PRECISION fp32 (default) or fast picks the kernels.
-namespace klein {
-namespace {
-
-TEST(Flux2VaeTiled, FullSizeMeasurement) {
-  const char* dir = std::getenv("KLEIN_FULL_VAE");
-  if (!dir) GTEST_SKIP() << "set KLEIN_FULL_VAE to a full-size vae/ folder";
-  auto env = [](const char* n, const char* d) { const char* v = std::getenv(n); return std::string(v ? v : d); };
-  const int64_t px = std::stoll(env("KLEIN_FULL_VAE_PX", "256")), tile = std::stoll(env("KLEIN_FULL_VAE_TILE", "96"));
-  const std::string mode = env("KLEIN_FULL_VAE_MODE", "compare");
-  auto vae = Flux2Vae::load(fs::path(dir));
-  ASSERT_TRUE(vae.ok()) << vae.status().to_string();
-  const std::string precision = env("KLEIN_FULL_VAE_PRECISION", "fp32");  // fp32 | fast
-  ASSERT_TRUE(precision == "fp32" || precision == "fast") << "KLEIN_FULL_VAE_PRECISION=" << precision;
-  CpuBackend pool(CpuBackendOptions{
-      .threads = 2, .precision = precision == "fast" ? kernels::Precision::kFast : kernels::Precision::kFp32});
-  RunContext ctx;
-  ctx.backend = &pool;
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd;
-  Tensor z({1, 32, px / 8, px / 8});
-  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = nd(rng);
-  auto timed = [&](const VaeTiling& t) {
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = vae->decode(z, ctx, t);
-    std::printf("[ full vae ] %s decode %lldx%lld: %.1f s\n", t.tile > 0 ? "tiled" : "whole", static_cast<long long>(px),
-                static_cast<long long>(px), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    return r;
-  };
-  if (mode == "encode" || mode == "encode-tiled") {  // the encoder's mean path (reference images)
-    const VaeTiling et{.tile = mode == "encode" ? -1 : tile};
-    Tensor img({1, 3, px, px});
-    for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::clamp(nd(rng) * 0.5f, -1.0f, 1.0f);
-    // KLEIN_FULL_VAE_WARMUP=n: n timed encodes first (the first call also faults in the weights'
-    // pages and grows the kernels' scratch; a resident model's later calls do neither).
-    for (int i = 0, n = std::stoi(env("KLEIN_FULL_VAE_WARMUP", "0")); i < n; ++i) {
-      const auto t1 = std::chrono::steady_clock::now();
-      ASSERT_TRUE(vae->encode_mean(img, ctx, et).ok());
-      std::printf("[ full vae ] warm-up encode %.3f s\n",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = vae->encode_mean(img, ctx, et);
-    std::printf("[ full vae ] %s encode %lldx%lld: %.2f s\n", et.tile > 0 ? "tiled" : "whole", static_cast<long long>(px),
-                static_cast<long long>(px),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    return;
-  }
-  Result<Tensor> whole = Tensor(), tiled = Tensor();
-  if (mode != "tiled") whole = timed(VaeTiling{.tile = -1});
-  if (mode != "whole") tiled = timed(VaeTiling{.tile = tile});
-  ASSERT_TRUE(whole.ok() && tiled.ok());
-  if (mode == "compare") {
-    const double e = rel_err(*tiled, *whole);
-    std::printf("[ full vae ] tile %lld: max|tiled - whole| / max|whole| = %.3g\n", static_cast<long long>(tile), e);
-    EXPECT_LE(e, 1e-5);
-  }
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -202,15 +201,16 @@ TEST(ImageReader, TruncatedAnywhereFailsCleanly) {
 
 TEST(ImageReader, HugeHeaderIsRejectedBeforeAllocation) {
   for (const char* f : {"images/bad_huge_header.png", "images/bad_huge_header.jpg"}) {
-    const auto t0 = std::chrono::steady_clock::now();
+    testing::LargestAllocation largest;
     auto img = read_image(data_path(f));
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const size_t biggest = largest.bytes();
     ASSERT_FALSE(img.ok());
     const std::string msg = img.status().message();
     EXPECT_TRUE(msg.find("100000x100000") != std::string::npos || msg.find("65000x65000") != std::string::npos)
         << msg;
     EXPECT_NE(msg.find("limit"), std::string::npos) << msg;
-    EXPECT_LT(ms, 200.0) << "took " << ms << " ms: was a buffer allocated?";
+    // The files are a few KB; a pixel buffer for the header's size would be 30 GB.
+    EXPECT_LT(biggest, size_t{1} << 20) << "a " << biggest << "-byte block was requested: was a pixel buffer allocated?";
   }
   // The limit is configurable.
   ImageReadOptions small;
@@ -286,18 +286,6 @@ TEST(ImagePreprocess, OutputSizeDefaultsToTheFirstReference) {
   EXPECT_EQ(resolve_output_size(std::nullopt, 256, {a}), std::make_pair(1248, 256));
   EXPECT_EQ(resolve_output_size(640, 480, {a}), std::make_pair(640, 480));
   EXPECT_EQ(resolve_output_size(std::nullopt, std::nullopt, {}), std::make_pair(1024, 1024));
-}
-
-TEST(ImagePreprocess, LanczosDownscaleIsFast) {
-  if (testing::kThreadSanitizer) GTEST_SKIP() << "a time bound, under ThreadSanitizer's instrumentation";
-  auto img = read_image(data_path("images/size_1500x1000.jpg"));
-  ASSERT_TRUE(img.ok());
-  const auto t0 = std::chrono::steady_clock::now();
-  auto t = preprocess_reference(*img, "size_1500x1000.jpg");
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(t.ok());
-  std::printf("  1500x1000 -> 1254x836 Lanczos + crop + normalise: %.1f ms\n", ms);
-  EXPECT_LT(ms, 1000.0);
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 // Set KLEIN_NOISE_EXTRA=<file> (written by the script's --extra) to check many more shapes/seeds.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -145,16 +144,13 @@ TEST(Noise, Bf16IsRoundedFloatOnlyForWholeBlocksOf16) {
   EXPECT_FALSE(cases["facts"]["bf16_equals_rounded_f32_numel17"].get<bool>());
 }
 
-TEST(Noise, KleinShapeAndSpeed) {
+// The draw's time at 1024²: klein-bench_host.
+TEST(Noise, KleinShapeAndStatistics) {
   EXPECT_EQ(klein_noise_shape(1024, 1024), (std::vector<int64_t>{1, 128, 64, 64}));
   EXPECT_EQ(klein_noise_shape(1360, 768), (std::vector<int64_t>{1, 128, 48, 85}));
   EXPECT_EQ(klein_noise_shape(1000, 1000), (std::vector<int64_t>{1, 128, 62, 62}));
-  const auto t0 = std::chrono::steady_clock::now();
   Tensor t = torch_randn(klein_noise_shape(1024, 1024), 42, true);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(all_finite(t.data(), t.numel()));
-  EXPECT_LT(ms, 2000.0);
   // sanity: a standard normal sample
   double m = 0, v = 0;
   for (int64_t i = 0; i < t.numel(); ++i) m += t.data()[i];

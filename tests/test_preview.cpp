@@ -3,7 +3,6 @@
 // 1024² (printed, not asserted).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -67,21 +66,6 @@ TEST(LatentPreview, EmbeddedFlux2MapAndBadMaps) {
   EXPECT_FLOAT_EQ(m->bias[2], -0.0851f);
   EXPECT_FALSE(parse_latent_rgb_map("{", "x").ok());
   EXPECT_FALSE(parse_latent_rgb_map(R"({"latent_channels": 2, "denormalized": true, "factors": [[1,2,3]], "bias": [0,0,0]})", "x").ok());
-}
-
-// Cost at 1024² (64 × 64 tokens of 128 channels): printed next to a denoising step of the 4B
-// transformer at that size, which takes tens of seconds on a laptop CPU.
-TEST(LatentPreview, CostAt1024) {
-  auto m = flux2_latent_rgb_map();
-  ASSERT_TRUE(m.ok());
-  Tensor x({64 * 64, 128}), v({64 * 64, 128});
-  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = static_cast<float>(i % 7) * 0.1f, v.data()[i] = 0.3f;
-  LatentStats st{std::vector<float>(128, 0.1f), std::vector<float>(128, 1.5f)};
-  const auto t0 = std::chrono::steady_clock::now();
-  const int reps = 5;
-  for (int r = 0; r < reps; ++r) ASSERT_TRUE(latent_preview(x, v, 0.7f, 64, 64, *m, st, 1024, 1024).ok());
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
-  std::printf("[ preview ] 1024x1024 latent preview: %.2f ms per step\n", ms);
 }
 
 klein::GenerateRequest small_request() {

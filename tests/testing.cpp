@@ -1,9 +1,11 @@
 #include "testing.h"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <new>
 #include <random>
 #include <sstream>
 #include <sys/wait.h>
@@ -69,3 +71,34 @@ CliResult run_cli(const std::string& args) {
 }
 
 }  // namespace klein::testing
+
+// LargestAllocation: operator new replaced for the whole test binary. Plain malloc/free underneath,
+// so the sanitizers still see (and check) every block; only the size of each request is noted.
+namespace {
+std::atomic<bool> g_track_allocations{false};
+std::atomic<size_t> g_largest_allocation{0};
+}  // namespace
+
+namespace klein::testing {
+LargestAllocation::LargestAllocation() {
+  g_largest_allocation.store(0);
+  g_track_allocations.store(true);
+}
+LargestAllocation::~LargestAllocation() { g_track_allocations.store(false); }
+size_t LargestAllocation::bytes() const { return g_largest_allocation.load(); }
+}  // namespace klein::testing
+
+void* operator new(std::size_t n) {
+  if (g_track_allocations.load(std::memory_order_relaxed)) {
+    size_t seen = g_largest_allocation.load(std::memory_order_relaxed);
+    while (n > seen && !g_largest_allocation.compare_exchange_weak(seen, n, std::memory_order_relaxed)) {
+    }
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }

@@ -1,6 +1,7 @@
 // Shared helpers for the test suite: fixture paths, .npy comparison, running the CLI.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 
@@ -21,6 +22,19 @@ struct CliResult {
 // Runs the built `klein` binary with the given argument string (shell-quoted by the caller).
 // KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
+
+// The largest single request to the global operator new (vectors, strings, Tensors: every
+// container the engine allocates pixels and activations in) while an instance is alive. The test
+// binary replaces operator new to record it; one instance at a time, on the test's own thread.
+// Asserts "nothing large was allocated" directly, where a time bound would only hint at it.
+class LargestAllocation {
+ public:
+  LargestAllocation();
+  ~LargestAllocation();
+  LargestAllocation(const LargestAllocation&) = delete;
+  LargestAllocation& operator=(const LargestAllocation&) = delete;
+  size_t bytes() const;  // the largest request so far (0: none)
+};
 
 // Sanitizer builds, for tests whose bounds measure what a sanitizer changes. AddressSanitizer
 // (KLEIN_SANITIZE): its allocator and shadow memory change what RSS counts. ThreadSanitizer
