@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (fuzz/*.cpp, clang, ASan + UBSan) in build-fuzz and runs each
-# for SECONDS (default 60), one after the other, on its committed seed corpus.
+# for SECONDS (default 60) on its committed seed corpus, as many at once as there are cores.
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]      e.g. scripts/fuzz.sh 300 npy image
 # New inputs go to build-fuzz/corpus/<harness> (kept between runs, never committed); inputs
 # that crash go to fuzz/crashes/<harness>/ (reproduce: build-fuzz/fuzz/fuzz_<harness> FILE).
@@ -33,20 +33,27 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_ma
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 
 mkdir -p build-fuzz/logs
-failed=()
-printf '%-20s %12s %8s %8s %8s  %s\n' harness executions cov ft corpus result > build-fuzz/logs/summary.txt
-for h in "${harnesses[@]}"; do
-  work=build-fuzz/corpus/$h crashes=fuzz/crashes/$h log=build-fuzz/logs/$h.log
+# Harnesses run side by side, one per core (KLEIN_FUZZ_JOBS overrides): each still gets its full
+# SECONDS of its own core, and CI's fuzzing part takes SECONDS × harnesses / cores.
+jobs=${KLEIN_FUZZ_JOBS:-$(nproc)}
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: KLEIN_FUZZ_JOBS must be a positive integer" >&2; exit 2; }
+
+# One harness: replay its saved crashes, fuzz, then write its summary row to logs/<h>.row and
+# exit non-zero when it failed (its report's first lines on stderr, so CI logs show what broke).
+run_one() {
+  local h=$1
+  local work=build-fuzz/corpus/$h crashes=fuzz/crashes/$h log=build-fuzz/logs/$h.log
   mkdir -p "$work" "$crashes"
   echo "== fuzz_$h for ${seconds}s (log: $log)"
-  rc=0
+  local rc=0
   # Every input that ever crashed this harness first (each fixed bug stays fixed).
+  local saved
   mapfile -t saved < <(find "$crashes" -type f | sort)
   if [ ${#saved[@]} -gt 0 ] && ! "build-fuzz/fuzz/fuzz_$h" -rss_limit_mb=2048 -malloc_limit_mb=2048 \
         "${saved[@]}" >"$log.replay" 2>&1; then
     echo "fuzz.sh: fuzz_$h: a saved input in $crashes crashes again (log: $log.replay)" >&2
-    failed+=("$h")
-    continue
+    printf '%-20s %12s %8s %8s %8s  %s\n' "$h" - - - - "FAILED (a saved crash input)" >"build-fuzz/logs/$h.row"
+    return 1
   fi
   # New units go to the first corpus folder only, so the committed seeds stay as they are.
   # -timeout: one input running 30 s is a hang; -rss_limit_mb/-malloc_limit_mb: a parser that
@@ -54,6 +61,7 @@ for h in "${harnesses[@]}"; do
   "build-fuzz/fuzz/fuzz_$h" "$work" "fuzz/corpus/$h" \
     -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -malloc_limit_mb=2048 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$crashes/" >"$log" 2>&1 || rc=$?
+  local stats execs cov ft corp result
   stats=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -n 1 || true)
   execs=$(grep -E '^stat::number_of_executed_units:' "$log" | tail -n 1 | awk '{print $2}' || true)
   [ -n "$execs" ] || execs=$(sed -nE 's/^#([0-9]+).*/\1/p' <<<"$stats")
@@ -63,17 +71,30 @@ for h in "${harnesses[@]}"; do
   if [ "$rc" -eq 0 ]; then
     result=ok
   else
+    local artifact
     artifact=$(sed -nE 's/.*Test unit written to (.*)$/\1/p' "$log" | tail -n 1)
     result="FAILED (rc $rc${artifact:+, input: $artifact})"
-    failed+=("$h")
-    # The report's first lines and the top of the stack, so CI logs show what broke.
-    grep -m1 -E 'ERROR: |runtime error:|==[0-9]+==|Uncaught|terminate called|deadly signal|out-of-memory|timeout' "$log" || true
-    grep -m6 -E '^    #[0-9]+ ' "$log" || true
+    { echo "fuzz.sh: fuzz_$h failed:"
+      grep -m1 -E 'ERROR: |runtime error:|==[0-9]+==|Uncaught|terminate called|deadly signal|out-of-memory|timeout' "$log" || true
+      grep -m6 -E '^    #[0-9]+ ' "$log" || true; } >&2
   fi
   printf '%-20s %12s %8s %8s %8s  %s\n' "$h" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result" \
-    | tee -a build-fuzz/logs/summary.txt
+    | tee "build-fuzz/logs/$h.row"
+  [ "$rc" -eq 0 ]
+}
+
+failed=()
+declare -A pid_of=()
+for h in "${harnesses[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run_one "$h" &
+  pid_of[$h]=$!
 done
+for h in "${harnesses[@]}"; do wait "${pid_of[$h]}" || failed+=("$h"); done
+
 echo
+{ printf '%-20s %12s %8s %8s %8s  %s\n' harness executions cov ft corpus result
+  for h in "${harnesses[@]}"; do cat "build-fuzz/logs/$h.row"; done; } > build-fuzz/logs/summary.txt
 cat build-fuzz/logs/summary.txt
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz.sh: ${#failed[@]} harness(es) failed: ${failed[*]} (inputs in fuzz/crashes/)" >&2
