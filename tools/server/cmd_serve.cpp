@@ -48,7 +48,7 @@ Command make_serve_command() {
   };
   c.run = [o]() -> int {
     server::ServerOptions so = o->s;
-    so.queue.model_dir = o->model.empty() ? std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny" : o->model;
+    so.queue.model_dir = o->model.empty() ? default_model_dir() : o->model;
     so.queue.load.threads = o->threads;
     so.queue.load.memory = o->memory == "low" ? MemoryPolicy::kLow : MemoryPolicy::kResident;
     so.queue.load.isa = o->isa;
