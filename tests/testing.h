@@ -21,6 +21,8 @@ struct CliResult {
 // Runs the built `klein` binary with the given argument string (shell-quoted by the caller).
 // KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
+// The same, run from the folder `cwd` (for relative paths in `args`).
+CliResult run_cli(const std::string& args, const std::filesystem::path& cwd);
 
 // Sanitizer builds, for tests whose bounds measure what a sanitizer changes. AddressSanitizer
 // (KLEIN_SANITIZE): its allocator and shadow memory change what RSS counts. ThreadSanitizer
