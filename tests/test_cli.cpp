@@ -258,6 +258,32 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   fs::remove_all(dir);
 }
 
+// A misspelt command or option is named with the nearest valid name (exit 2), even where CLI11
+// would first report a missing required option; a name near nothing gets no suggestion.
+TEST(Cli, TypoSuggestsTheNearestName) {
+  struct Case {
+    std::string args, first_line;
+  };
+  const std::vector<Case> cases = {
+      {"genrate --prompt a -o x.png", "klein: invalid argument: unknown command 'genrate'; did you mean 'generate'?"},
+      {"qunatize", "unknown command 'qunatize'; did you mean 'quantize'?"},
+      {"frobnicate", "unknown command 'frobnicate' (see klein --help)"},
+      {"generate --seeed 3 --prompt a", "unknown option '--seeed' for 'generate'; did you mean '--seed'?"},
+      {"generate --prompt a -o x.png --stpes=2", "unknown option '--stpes' for 'generate'; did you mean '--steps'?"},
+      {"quantize --model m --tpye q8 -o q", "unknown option '--tpye' for 'quantize'; did you mean '--type'?"},
+      {"serve --prot 8080", "unknown option '--prot' for 'serve'; did you mean '--port'?"},
+      {"--verison", "unknown option '--verison'; did you mean '--version'?"},
+      {"generate --zzzzzzzz -o x.png", "unknown option '--zzzzzzzz' for 'generate' (see klein generate --help)"},
+      {"generate -x -o x.png", "unknown option '-x' for 'generate' (see klein generate --help)"},  // one letter: no guess
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.substr(0, r.err.find('\n')).find(c.first_line), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+}
+
 // Every writer takes a bare relative name (whose parent_path() is empty: the working folder) and a
 // nested relative path, as it takes an absolute one.
 TEST(Cli, RelativeOutputPaths) {
