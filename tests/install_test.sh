@@ -10,7 +10,8 @@ unset LD_LIBRARY_PATH
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 cc=$3
-prefix=$(mktemp -d "${TMPDIR:-/tmp}/klein_install.XXXXXX")
+# Without symlinks: the installed klein names its model by its own resolved path (/proc/self/exe).
+prefix=$(cd "$(mktemp -d "${TMPDIR:-/tmp}/klein_install.XXXXXX")" && pwd -P)
 trap 'rm -rf "$prefix"' EXIT
 # The example runs with $KLEIN_TEST_PRELOAD preloaded where that is set: in a ThreadSanitizer
 # build the runtime must start before the instrumented libklein.so, which an uninstrumented
@@ -51,11 +52,11 @@ run "$prefix/bin/klein" --version >"$prefix/version.log" 2>&1 ||
 test -f "$prefix/share/klein/models/tiny/model_index.json" || { echo "the tiny model is not installed"; exit 1; }
 run "$prefix/bin/klein" generate --prompt "a cat" -W 32 -H 32 --steps 1 -o cat.png 2>"$prefix/klein.log" ||
   { echo "installed klein generate failed:"; cat "$prefix/klein.log"; exit 1; }
-grep -q "($prefix/share/klein/models/tiny)" "$prefix/klein.log" ||
+grep -qF "($prefix/share/klein/models/tiny)" "$prefix/klein.log" ||
   { echo "installed klein generate did not default to the installed model:"; cat "$prefix/klein.log"; exit 1; }
 head -c 8 cat.png | od -An -c | grep -q 'P   N   G' || { echo "cat.png is not a PNG"; exit 1; }
 # `klein serve` resolves the same default; an unusable --host ends it after the note.
 run "$prefix/bin/klein" serve --host 256.0.0.1 --port 1 2>"$prefix/serve.log" >/dev/null || true
-grep -q "($prefix/share/klein/models/tiny)" "$prefix/serve.log" ||
+grep -qF "($prefix/share/klein/models/tiny)" "$prefix/serve.log" ||
   { echo "installed klein serve did not default to the installed model:"; cat "$prefix/serve.log"; exit 1; }
 echo "install + pkg-config + find_package + C example + installed CLI: ok"
