@@ -27,9 +27,7 @@ Command make_generate_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
-    s->add_option("--model,-m", o->model,
-                  "Model folder (diffusers layout). Default: the tiny random-weight test model (tests/data/tiny; installed: "
-                  "share/klein/models/tiny), whose images are noise");
+    s->add_option("--model,-m", o->model, kModelHelp);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     auto* pfile = s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
                       ->excludes(prompt);
