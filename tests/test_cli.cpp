@@ -273,6 +273,7 @@ TEST(Cli, TypoSuggestsTheNearestName) {
       {"quantize --model m --tpye q8 -o q", "unknown option '--tpye' for 'quantize'; did you mean '--type'?"},
       {"serve --prot 8080", "unknown option '--prot' for 'serve'; did you mean '--port'?"},
       {"--verison", "unknown option '--verison'; did you mean '--version'?"},
+      {"--qiuet generate -o x.png", "unknown option '--qiuet' (see klein --help)"},  // before the command: klein's
       {"generate --zzzzzzzz -o x.png", "unknown option '--zzzzzzzz' for 'generate' (see klein generate --help)"},
       {"generate -x -o x.png", "unknown option '-x' for 'generate' (see klein generate --help)"},  // one letter: no guess
   };

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -64,29 +65,32 @@ std::string unknown_message(const std::string& what, const std::string& hint, co
 // "unknown option" with the nearest valid name. CLI11 keeps such arguments in remaining() even
 // when it reports another error first (a required -o), which for a typo is the wrong message.
 std::optional<std::string> unknown_argument(const CLI::App& app) {
+  const auto all = [](const CLI::App*) { return true; };
   const CLI::App* sub = nullptr;
-  for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; }))
+  for (const CLI::App* s : app.get_subcommands(all))
     if (s->parsed()) sub = s;
-  std::vector<std::string> left = app.remaining();
+  // CLI11 keeps an unknown option with the command being parsed when it came: before the
+  // subcommand in app's list, after it in the subcommand's.
+  std::vector<std::pair<const CLI::App*, std::string>> left;
+  for (const auto& a : app.remaining()) left.emplace_back(&app, a);
   if (sub)
-    for (const auto& a : sub->remaining()) left.push_back(a);
-  for (const std::string& arg : left) {
+    for (const auto& a : sub->remaining()) left.emplace_back(sub, a);
+  for (const auto& [owner, arg] : left) {
     if (!sub && !arg.starts_with("-")) {
       std::vector<std::string> names;
-      for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(s->get_name());
+      for (const CLI::App* s : app.get_subcommands(all)) names.push_back(s->get_name());
       return unknown_message("unknown command '" + arg + "'", suggestion(arg, names), "klein --help");
     }
     if (arg.size() < 2 || !arg.starts_with("-")) continue;  // a stray value: CLI11's own message
-    const CLI::App& owner = sub ? *sub : app;
     std::vector<std::string> names;
-    for (const CLI::Option* opt : owner.get_options([](const CLI::Option* o) { return !o->get_group().empty(); })) {
+    for (const CLI::Option* opt : owner->get_options([](const CLI::Option* o) { return !o->get_group().empty(); })) {
       for (const auto& n : opt->get_lnames()) names.push_back("--" + n);
       for (const auto& n : opt->get_snames()) names.push_back("-" + n);
     }
     const std::string name = arg.substr(0, arg.find('='));
-    return sub ? unknown_message("unknown option '" + name + "' for '" + sub->get_name() + "'", suggestion(name, names),
-                                 "klein " + sub->get_name() + " --help")
-               : unknown_message("unknown option '" + name + "'", suggestion(name, names), "klein --help");
+    if (owner == &app) return unknown_message("unknown option '" + name + "'", suggestion(name, names), "klein --help");
+    return unknown_message("unknown option '" + name + "' for '" + owner->get_name() + "'", suggestion(name, names),
+                           "klein " + owner->get_name() + " --help");
   }
   return std::nullopt;
 }
