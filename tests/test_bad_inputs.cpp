@@ -289,6 +289,39 @@ std::vector<Case> cases() {
     spit_file(own(x.file("vae/config.json")), "{\"in_channels\": 3,,}");
     return "info --model " + q(x.model);
   });
+  // ---- CLI (issue 41): misspelt names get the nearest valid one; relative paths (from the
+  // case's folder) are checked as absolute ones are.
+  add("TypoCommand", 2, "unknown command 'genrate'; did you mean 'generate'?", [](const Ctx& x) {
+    return "genrate --model " + q(x.model) + " -q --prompt a -o " + q(x.out);
+  });
+  add("UnknownCommand", 2, "unknown command 'paint'", [](const Ctx& x) { return "paint -o " + q(x.out); });
+  add("TypoOption", 2, "unknown option '--seeed' for 'generate'; did you mean '--seed'?", [](const Ctx& x) { return x.gen("--seeed 3"); });
+  add("TypoOptionBeforeMissingOutput", 2, "did you mean '--seed'?", [](const Ctx& x) {
+    return "generate --model " + q(x.model) + " -q --prompt a --sede 3";  // no -o: the typo is the error
+  });
+  add("TypoOptionWithValue", 2, "did you mean '--steps'?", [](const Ctx& x) { return x.gen("--setps=2"); });
+  add("TypoQuantizeOption", 2, "unknown option '--tpye' for 'quantize'; did you mean '--type'?", [](const Ctx&) {
+    return "quantize --model model --tpye q8 -o out/q8";
+  });
+  add("TypoTopLevelOption", 2, "did you mean '--version'?", [](const Ctx&) { return "--verison"; });
+  add("RelOutFolderMissing", 1, "output folder nope does not exist", [](const Ctx&) {
+    return "generate --model model -q --prompt a -o nope/x.png";
+  });
+  add("RelEncodeOutFolderMissing", 1, "-o nope/e.npy", [](const Ctx&) { return "encode --model model -q --prompt a -o nope/e.npy"; });
+  add("RelOutIsTheRef", 2, "-o out/x.png: is the --ref input", [](const Ctx& x) {
+    fs::copy_file(data_dir() / "images" / "size_64x64.png", x.out);
+    return "generate --model model -W 32 -H 32 --steps 1 -q --prompt a -o out/x.png --ref ./out/../out/x.png";
+  });
+  add("RelQuantizeOutIsInput", 2, "is the input folder", [](const Ctx&) { return "quantize --model model --type q8 -q -o model/"; });
+  add("RelQuantizeOutInsideInput", 2, "inside the input folder", [](const Ctx&) { return "quantize --model model --type q8 -q -o model/q8"; });
+  add("RelQuantizeParentMissing", 1, "-o nope/q8: its parent folder does not exist", [](const Ctx&) {
+    return "quantize --model model --type q8 -q -o nope/q8";
+  });
+  // A bare name is in the working folder: the error is the model's, not "no parent folder".
+  add("RelQuantizeBareOutBadModel", 1, "model_index.json", [](const Ctx& x) {
+    fs::remove(x.file("model_index.json"));
+    return "quantize --model model --type q8 -q -o q8";
+  });
   return c;
 }
 
@@ -316,7 +349,7 @@ TEST_P(BadInput, NamesTheCulpritAndLeavesNothing) {
   std::map<std::string, std::string> before;
   for (const auto& e : fs::directory_iterator(x.dir / "out"))
     if (e.is_regular_file()) before[e.path().filename().string()] = slurp_file(e.path());
-  const CliResult r = run_cli(args);
+  const CliResult r = run_cli(args, x.dir);  // from the scratch folder: relative paths stay inside it
   const std::string first = r.err.substr(0, r.err.find('\n'));
   EXPECT_EQ(r.exit_code, k.exit_code) << args << "\n" << r.err;
   EXPECT_TRUE(first.starts_with("klein: ")) << r.err;

@@ -257,3 +257,58 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   EXPECT_FALSE(fs::exists(dir / "o.npy"));
   fs::remove_all(dir);
 }
+
+// A misspelt command or option is named with the nearest valid name (exit 2), even where CLI11
+// would first report a missing required option; a name near nothing gets no suggestion.
+TEST(Cli, TypoSuggestsTheNearestName) {
+  struct Case {
+    std::string args, first_line;
+  };
+  const std::vector<Case> cases = {
+      {"genrate --prompt a -o x.png", "klein: invalid argument: unknown command 'genrate'; did you mean 'generate'?"},
+      {"qunatize", "unknown command 'qunatize'; did you mean 'quantize'?"},
+      {"frobnicate", "unknown command 'frobnicate' (see klein --help)"},
+      {"generate --seeed 3 --prompt a", "unknown option '--seeed' for 'generate'; did you mean '--seed'?"},
+      {"generate --prompt a -o x.png --stpes=2", "unknown option '--stpes' for 'generate'; did you mean '--steps'?"},
+      {"quantize --model m --tpye q8 -o q", "unknown option '--tpye' for 'quantize'; did you mean '--type'?"},
+      {"serve --prot 8080", "unknown option '--prot' for 'serve'; did you mean '--port'?"},
+      {"--verison", "unknown option '--verison'; did you mean '--version'?"},
+      {"--qiuet generate -o x.png", "unknown option '--qiuet' (see klein --help)"},  // before the command: klein's
+      {"generate --zzzzzzzz -o x.png", "unknown option '--zzzzzzzz' for 'generate' (see klein generate --help)"},
+      {"generate -x -o x.png", "unknown option '-x' for 'generate' (see klein generate --help)"},  // one letter: no guess
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.substr(0, r.err.find('\n')).find(c.first_line), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  }
+}
+
+// Every writer takes a bare relative name (whose parent_path() is empty: the working folder) and a
+// nested relative path, as it takes an absolute one.
+TEST(Cli, RelativeOutputPaths) {
+  auto dir = klein::testing::make_temp_dir("cli_rel");
+  fs::create_directory(dir / "sub");
+  auto ok = [&](const std::string& args) {
+    auto r = klein::testing::run_cli(args, dir);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+  };
+  const std::string gen = "generate --model " + model() + " -W 32 -H 32 --steps 1 -q -p 'a cat' ";
+  ok(gen + "-o g.png --preview p.png --dump d --dump-filter latents_step");
+  ok(gen + "-o sub/g.png --preview sub/p.png --dump sub/d --dump-filter latents_step");
+  for (const char* f : {"g.png", "p.png", "d/latents_step1.npy", "sub/g.png", "sub/p.png", "sub/d/latents_step1.npy"})
+    EXPECT_TRUE(fs::is_regular_file(dir / f)) << f;
+  ok("encode --model " + model() + " -q -p 'a cat' -o e.npy");
+  ok("encode --model " + model() + " -q -p 'a cat' -o sub/e.npy");
+  ok("decode --model " + model() + " -q --latents d/latents_step1.npy -o x.png");
+  ok("decode --model " + model() + " -q --latents sub/d/latents_step1.npy -o sub/x.png");
+  ok("quantize --model " + model() + " --type q8 -q -o q8");
+  ok("quantize --model " + model() + " --type q8 -q -o sub/q8");
+  for (const char* f : {"e.npy", "sub/e.npy", "x.png", "sub/x.png", "q8/model_index.json", "sub/q8/model_index.json"})
+    EXPECT_TRUE(fs::is_regular_file(dir / f)) << f;
+  // The quantized folders load.
+  ok("info --model q8");
+  ok("info --model sub/q8");
+  fs::remove_all(dir);
+}

@@ -55,12 +55,14 @@ static std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
-CliResult run_cli(const std::string& args) {
+CliResult run_cli(const std::string& args) { return run_cli(args, {}); }
+
+CliResult run_cli(const std::string& args, const std::filesystem::path& cwd) {
   auto dir = make_temp_dir("cli");
   auto out = dir / "stdout", err = dir / "stderr";
   const char* cli = std::getenv("KLEIN_TEST_CLI");  // another build's binary (e.g. a baseline)
-  std::string cmd = std::string("'") + (cli && *cli ? cli : KLEIN_CLI_PATH) + "' " + args + " >'" + out.string() +
-                    "' 2>'" + err.string() + "' </dev/null";
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + "'" + (cli && *cli ? cli : KLEIN_CLI_PATH) +
+                    "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "' </dev/null";
   int rc = std::system(cmd.c_str());
   CliResult r;
   r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + (WIFSIGNALED(rc) ? WTERMSIG(rc) : 0);

@@ -22,6 +22,8 @@ struct CliResult {
 // Runs the built `klein` binary with the given argument string (shell-quoted by the caller).
 // KLEIN_TEST_CLI=/path/to/klein runs another binary instead (checking a corpus against a baseline).
 CliResult run_cli(const std::string& args);
+// The same, run from the folder `cwd` (for relative paths in `args`).
+CliResult run_cli(const std::string& args, const std::filesystem::path& cwd);
 
 // The largest single request to the global operator new (vectors, strings, Tensors: every
 // container the engine allocates pixels and activations in) while an instance is alive. The test

@@ -365,7 +365,10 @@ Status check_spec(const QuantizeSpec& s, QType* type) {
   }
   if (s.output.empty()) return invalid_argument("quantize: give an output folder (-o)");
   std::error_code ec;
-  fs::path in = fs::weakly_canonical(s.input, ec), out = fs::weakly_canonical(s.output, ec);
+  // Absolute first: weakly_canonical leaves a relative path none of whose parts exist ("OUT")
+  // relative, whose parent_path() is then "" rather than the working folder.
+  fs::path in = fs::weakly_canonical(fs::absolute(s.input, ec), ec);
+  fs::path out = fs::weakly_canonical(fs::absolute(s.output, ec), ec);
   if (!in.has_filename()) in = in.parent_path();  // trailing separators
   if (!out.has_filename()) out = out.parent_path();
   if (in == out) return invalid_argument("-o " + s.output.string() + ": is the input folder; write to a new folder");

@@ -14,12 +14,6 @@ namespace fs = std::filesystem;
 
 namespace klein::cli {
 
-namespace {
-// The tiny random-weight test model of the source tree: what `generate` runs when no --model is
-// given, so a fresh clone can try the whole pipeline without a download.
-std::string default_model() { return std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny"; }
-}  // namespace
-
 Command make_generate_command() {
   struct Opts {
     std::string model, prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
@@ -33,8 +27,7 @@ Command make_generate_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
-    s->add_option("--model,-m", o->model,
-                  "Model folder (diffusers layout). Default: the tiny random-weight test model in tests/data/tiny");
+    s->add_option("--model,-m", o->model, kModelHelp);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     auto* pfile = s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
                       ->excludes(prompt);
@@ -111,7 +104,7 @@ Command make_generate_command() {
       if (Status st = check_output_path("--preview", o->preview, others); !st.ok()) return fail(st);
     }
 
-    const std::string model_dir = o->model.empty() ? default_model() : o->model;
+    const std::string model_dir = o->model.empty() ? default_model_dir() : o->model;
     if (o->model.empty() && !o->quiet)
       std::fprintf(stderr, "note: no --model given; using the tiny random-weight test model (%s): the image is noise\n",
                    model_dir.c_str());

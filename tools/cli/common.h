@@ -50,6 +50,14 @@ inline constexpr const char* kIsaHelp =
     "(default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are "
     "slower than float32)";
 
+// The model `generate` and `serve` run without --model: the tiny random-weight test model, from
+// the source tree for a binary in its build folder, else installed beside the binary
+// (<exe>/../share/klein/models/tiny), so an installed klein needs no source tree.
+std::string default_model_dir();
+inline constexpr const char* kModelHelp =
+    "Model folder (diffusers layout). Default: the tiny random-weight test model (tests/data/tiny; installed: "
+    "share/klein/models/tiny), whose images are noise";
+
 // "[1, 512, 7680]"
 std::string shape_text(const std::vector<int64_t>& shape);
 

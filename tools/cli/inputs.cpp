@@ -103,6 +103,16 @@ Status check_output_path(const std::string& option, const std::string& out,
   return Status::Ok();
 }
 
+std::string default_model_dir() {
+  const std::string source_tree = std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny";
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return source_tree;  // no /proc: only a build-folder binary can know where its model is
+  const fs::path bin = exe.parent_path();
+  if (fs::equivalent(bin, KLEIN_BUILD_BIN_DIR, ec)) return source_tree;
+  return (bin / KLEIN_MODEL_FROM_BIN).lexically_normal().string();
+}
+
 void note_quantized_fp32(Precision precision, const std::function<Result<ModelInfo>()>& get_info) {
   if (precision != Precision::kFp32) return;
   auto info = get_info();

@@ -4,7 +4,12 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <algorithm>
 #include <iostream>
+#include <optional>
+#include <utility>
+#include <string>
+#include <vector>
 
 #include "commands.h"
 #include "common.h"
@@ -24,6 +29,73 @@ int fail(const Status& s) {
     default: return 1;
   }
 }
+
+namespace {
+
+// Optimal string alignment distance: an insertion, deletion, substitution or swap of two
+// neighbours costs 1 ("genrate" and "gneerate" are both 1 from "generate").
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// "; did you mean 'X'?" for the name nearest to `word`, when it is near enough to be a typo of it
+// (at most a third of the word's letters differ, so "-x" is near no short option), else "".
+std::string suggestion(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = word.size() / 3 + 1;
+  for (const auto& n : names)
+    if (const size_t d = edit_distance(word, n); d < best_d) best = n, best_d = d;
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+// The message: the suggestion, or where to look when there is none.
+std::string unknown_message(const std::string& what, const std::string& hint, const std::string& help) {
+  return what + (hint.empty() ? " (see " + help + ")" : hint);
+}
+
+// After a failed parse: the first argument no command or option took, as "unknown command" or
+// "unknown option" with the nearest valid name. CLI11 keeps such arguments in remaining() even
+// when it reports another error first (a required -o), which for a typo is the wrong message.
+std::optional<std::string> unknown_argument(const CLI::App& app) {
+  const auto all = [](const CLI::App*) { return true; };
+  const CLI::App* sub = nullptr;
+  for (const CLI::App* s : app.get_subcommands(all))
+    if (s->parsed()) sub = s;
+  // CLI11 keeps an unknown option with the command being parsed when it came: before the
+  // subcommand in app's list, after it in the subcommand's.
+  std::vector<std::pair<const CLI::App*, std::string>> left;
+  for (const auto& a : app.remaining()) left.emplace_back(&app, a);
+  if (sub)
+    for (const auto& a : sub->remaining()) left.emplace_back(sub, a);
+  for (const auto& [owner, arg] : left) {
+    if (!sub && !arg.starts_with("-")) {
+      std::vector<std::string> names;
+      for (const CLI::App* s : app.get_subcommands(all)) names.push_back(s->get_name());
+      return unknown_message("unknown command '" + arg + "'", suggestion(arg, names), "klein --help");
+    }
+    if (arg.size() < 2 || !arg.starts_with("-")) continue;  // a stray value: CLI11's own message
+    std::vector<std::string> names;
+    for (const CLI::Option* opt : owner->get_options([](const CLI::Option* o) { return !o->get_group().empty(); })) {
+      for (const auto& n : opt->get_lnames()) names.push_back("--" + n);
+      for (const auto& n : opt->get_snames()) names.push_back("-" + n);
+    }
+    const std::string name = arg.substr(0, arg.find('='));
+    if (owner == &app) return unknown_message("unknown option '" + name + "'", suggestion(name, names), "klein --help");
+    return unknown_message("unknown option '" + name + "' for '" + owner->get_name() + "'", suggestion(name, names),
+                           "klein " + owner->get_name() + " --help");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 }  // namespace klein::cli
 
@@ -47,6 +119,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    if (auto m = klein::cli::unknown_argument(app)) {
+      std::fprintf(stderr, "klein: invalid argument: %s\n", m->c_str());
+      return 2;
+    }
     std::fprintf(stderr, "klein: invalid argument: %s (see --help)\n", e.what());
     return 2;
   }

@@ -21,7 +21,7 @@ Command make_serve_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI Images API, job events, a web page at /");
-    s->add_option("--model,-m", o->model, "Model folder (diffusers layout). Default: the tiny random-weight test model");
+    s->add_option("--model,-m", o->model, kModelHelp);
     s->add_option("--host", o->s.host, "Address to listen on (default 127.0.0.1: this machine only)");
     s->add_option("--port", o->s.port, "TCP port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
     s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
@@ -48,7 +48,7 @@ Command make_serve_command() {
   };
   c.run = [o]() -> int {
     server::ServerOptions so = o->s;
-    so.queue.model_dir = o->model.empty() ? std::string(KLEIN_SOURCE_DIR) + "/tests/data/tiny" : o->model;
+    so.queue.model_dir = o->model.empty() ? default_model_dir() : o->model;
     so.queue.load.threads = o->threads;
     so.queue.load.memory = o->memory == "low" ? MemoryPolicy::kLow : MemoryPolicy::kResident;
     so.queue.load.isa = o->isa;
