@@ -25,7 +25,9 @@ libdir=$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir klein)
 ls "$libdir"/libklein.so.0 >/dev/null || { echo "libklein.so.0 (SOVERSION) not installed"; exit 1; }
 test -f "$libdir/cmake/klein/kleinConfig.cmake" || { echo "CMake package config not installed"; exit 1; }
 # shellcheck disable=SC2046
-"$cc" -std=c11 -Wall -Werror -o "$prefix/gen" "$src/examples/c/generate.c" \
+# KLEIN_TEST_CFLAGS: the sanitizer flags of an instrumented build (tests/CMakeLists.txt).
+# shellcheck disable=SC2086
+"$cc" ${KLEIN_TEST_CFLAGS:-} -std=c11 -Wall -Werror -o "$prefix/gen" "$src/examples/c/generate.c" \
   $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs klein)
 mkdir "$prefix/work"
 cd "$prefix/work"
@@ -41,7 +43,8 @@ find_package(klein 0.1 REQUIRED)
 add_executable(gen "$src/examples/c/generate.c")
 target_link_libraries(gen PRIVATE klein::klein)
 CM
-cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="${KLEIN_TEST_CFLAGS:-}" >/dev/null
 cmake --build "$prefix/consumer/build" >/dev/null
 run "$prefix/consumer/build/gen" "$src/tests/data/tiny" "$prefix/out2.png" 7 >/dev/null 2>&1
 cmp -s "$prefix/out.png" "$prefix/out2.png" || { echo "find_package build gave a different image"; exit 1; }
