@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -161,6 +162,10 @@ struct QuantClaim {
   enum Kind { kQ8, kMlx, kNone } kind = kNone;
   int64_t bits = 0, group = 0;  // kMlx
   std::string text;             // for messages: "\"quantization\" says q8", ...
+  // klein quantize's "kept": the 2-D float weights it left as stored (all of them, where none
+  // fits the scheme); MLX writes no such list.
+  bool has_kept = false;
+  std::set<std::string> kept;
 };
 
 Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string& where) {
@@ -188,6 +193,15 @@ Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string
   if (!mode.empty() && mode != "affine" && mode != "affine (MLX)" && mode != "int8 symmetric per output row, f32 scale")
     return unsupported(at + " \"mode\" \"" + mode + "\": unknown scheme (klein reads affine MLX and int8 per row)");
   QuantClaim c;
+  if (q.contains("kept")) {
+    const auto& k = q["kept"];
+    if (!k.is_array()) return format_error(at + " \"kept\" must be a list of tensor names, got " + k.dump());
+    for (const auto& n : k) {
+      if (!n.is_string()) return format_error(at + " \"kept\" must be a list of tensor names, got " + n.dump());
+      c.kept.insert(n.get<std::string>());
+    }
+    c.has_kept = true;
+  }
   if (type == "q8") {
     if (bits || group)
       return format_error(at + " says type q8 (int8 per row) but also bits/group_size " + std::to_string(bits) + "/" +
@@ -226,12 +240,17 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
   KLEIN_ASSIGN_OR_RETURN(const QuantClaim claim, parse_quantization(config["quantization"], config_where));
   const std::string says = config_where + ": " + claim.text;
   bool any_q8 = false, any_mlx = false;
-  std::string first_matrix;  // the first 2-D float tensor, to name when nothing is quantized
+  std::string first_matrix;  // the first 2-D float weight, to name when nothing is quantized
   for (const std::string& n : names()) {
     const TensorEntry* e = store_.entry(n);
     auto q = quantized_.find(n);
     if (q == quantized_.end()) {
-      if (first_matrix.empty() && e->shape.size() == 2 && format_traits(e->dtype).is_float) first_matrix = n;
+      if (e->shape.size() != 2 || !format_traits(e->dtype).is_float || !n.ends_with(".weight")) continue;
+      if (first_matrix.empty()) first_matrix = n;
+      // klein quantize quantizes every 2-D float weight that it does not list as kept.
+      if (claim.kind != QuantClaim::kNone && claim.has_kept && !claim.kept.count(n))
+        return format_error(says + ", but tensor '" + n + "' in " + file_of(n) + " is " +
+                            std::string(dtype_name(e->dtype)) + " and not in its \"kept\" list");
       continue;
     }
     const bool mlx = !q->second.offset.empty();
@@ -252,7 +271,9 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
                                     mlx_layout_name(claim.bits, claim.group) + " (as " + config_where +
                                         " \"quantization\" says)");
   }
-  if (claim.kind == QuantClaim::kNone || (claim.kind == QuantClaim::kQ8 ? any_q8 : any_mlx)) return Status::Ok();
+  // Without a "kept" list (MLX), a quantized scheme needs at least one quantized weight.
+  if (claim.kind == QuantClaim::kNone || claim.has_kept || (claim.kind == QuantClaim::kQ8 ? any_q8 : any_mlx))
+    return Status::Ok();
   return format_error(says + ", but no weight is quantized" +
                       (first_matrix.empty() ? std::string()
                                             : " (tensor '" + first_matrix + "' in " + file_of(first_matrix) + " is " +
