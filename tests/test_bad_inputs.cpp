@@ -169,12 +169,12 @@ std::vector<Case> cases() {
     quant_cfg(x, {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}});
     return x.gen();
   });
-  add("QuantConfigOtherBits", 1, "says MLX 8-bit with groups of 64", [=](const Ctx& x) {
+  add("QuantConfigOtherBits", 1, "says 8-bit with groups of 64", [=](const Ctx& x) {
     st_make_mlx(x.file(kDit), kToOut, 4, 64);
     quant_cfg(x, {{"group_size", 64}, {"bits", 8}});
     return x.gen();
   }, "'single_transformer_blocks.0.attn.to_out.weight'");
-  add("QuantConfigOtherGroup", 1, "says MLX 4-bit with groups of 32", [=](const Ctx& x) {
+  add("QuantConfigOtherGroup", 1, "says 4-bit with groups of 32", [=](const Ctx& x) {
     st_make_mlx(x.file(kDit), kToOut, 4, 64);
     quant_cfg(x, {{"group_size", 32}, {"bits", 4}});
     return x.gen();

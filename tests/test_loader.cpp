@@ -255,6 +255,9 @@ TEST(Loader, QuantizationConfigMustMatchTheTensors) {
       {dir / "bf.safetensors", R"j({"type": "q4", "group_size": 64, "bits": 4, "kept": ["lin.weight"]})j", Code::kOk},
       {dir / "bf.safetensors", R"j({"type": "q8", "kept": []})j", Code::kFormatError},
       {dir / "bf.safetensors", R"j({"type": "q8", "kept": 5})j", Code::kFormatError},
+      // mlx-lm's per-layer overrides ("lin" for lin.weight) take precedence.
+      {q4, R"j({"group_size": 64, "bits": 8, "lin": {"group_size": 64, "bits": 4}})j", Code::kOk},
+      {q4, R"j({"group_size": 64, "bits": 4, "lin": {"group_size": 64, "bits": 8}})j", Code::kFormatError},
       {q4, R"j({"type": "q3"})j", Code::kUnsupported},
       {q4, R"j({"group_size": 32, "bits": 4, "mode": "mxfp4"})j", Code::kUnsupported},
       {q4, R"j({"group_size": 64, "bits": 7})j", Code::kUnsupported},

@@ -36,7 +36,8 @@ Status isa_ceiling(const std::string& name, Isa* ceiling) {
   if (name.empty()) return Status::Ok();
   std::vector<Isa> all;
   for (int i = 0; i < static_cast<int>(Isa::kCount); ++i) all.push_back(static_cast<Isa>(i));
-  if (!isa_from_name(name, ceiling)) return invalid_argument("isa \"" + name + "\": unknown (expected one of " + isa_list(all) + ")");
+  if (!isa_from_name(name, ceiling))
+    return invalid_argument("isa \"" + name + "\": unknown (expected one of " + isa_list(all) + ")");
   // A ceiling the CPU lacks would silently run the best kernels below it: not what was asked.
   const CpuFeatures& cpu = CpuFeatures::host();
   if (!cpu.has(*ceiling))

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -142,7 +144,8 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
       return format_error(where + ": scales '" + c.scale + "' have shape " + shape_str(s->shape) +
                           ", which does not divide the weight's " + std::to_string(rows) + " x " +
                           std::to_string(cols) + " into groups");
-    if (cols / s->shape[1] != 64) return unsupported_mlx_layout(where, mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
+    if (cols / s->shape[1] != 64)
+      return unsupported_mlx_layout(where, mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
     if (b->shape != s->shape || b->dtype != s->dtype)
       return format_error(where + ": biases '" + c.offset + "' (" + std::string(dtype_name(b->dtype)) + " " +
                           shape_str(b->shape) + ") do not match its scales (" + std::string(dtype_name(s->dtype)) +
@@ -166,6 +169,8 @@ struct QuantClaim {
   // fits the scheme); MLX writes no such list.
   bool has_kept = false;
   std::set<std::string> kept;
+  // mlx-lm's per-layer overrides: "model.layers.0.mlp.gate_proj": {"group_size": G, "bits": B}.
+  std::map<std::string, std::pair<int64_t, int64_t>> layers;
 };
 
 Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string& where) {
@@ -202,6 +207,14 @@ Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string
     }
     c.has_kept = true;
   }
+  for (auto it = q.begin(); it != q.end(); ++it) {
+    if (!it->is_object()) continue;
+    const auto& o = *it;
+    auto num = [&](const char* k, int64_t dflt) {
+      return o.contains(k) && o[k].is_number_integer() ? o[k].get<int64_t>() : dflt;
+    };
+    c.layers[it.key()] = {num("bits", bits ? bits : 4), num("group_size", group ? group : 64)};
+  }
   if (type == "q8") {
     if (bits || group)
       return format_error(at + " says type q8 (int8 per row) but also bits/group_size " + std::to_string(bits) + "/" +
@@ -215,7 +228,8 @@ Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string
     return c;
   }
   if (!type.empty() && type != "q4")
-    return unsupported(at + " type \"" + type + "\": unknown scheme (klein writes q8, q4 or bf16; MLX group_size + bits)");
+    return unsupported(at + " type \"" + type +
+                       "\": unknown scheme (klein writes q8, q4 or bf16; MLX group_size + bits)");
   if (!type.empty() && ((bits && bits != 4) || (group && group != 64)))
     return format_error(at + " says type q4 (4-bit, groups of 64) but bits " + std::to_string(bits) +
                         ", group_size " + std::to_string(group));
@@ -260,16 +274,20 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
       return format_error(says + ", but " + tensor + " is " +
                           (mlx ? "MLX-packed (U32 words with scales and biases)" : "int8 with a per-row scale"));
     if (!mlx) continue;
+    int64_t bits = claim.bits, group = claim.group;
+    if (auto l = claim.layers.find(n.substr(0, n.size() - 7)); l != claim.layers.end())
+      std::tie(bits, group) = l->second;
     // Words per row × 32 = bits × group × groups per row, for the claimed bits and group.
     const TensorEntry* s = store_.has(q->second.scale) ? store_.entry(q->second.scale) : nullptr;
     if (!s || e->shape.size() != 2 || s->shape.size() != 2 || s->shape[1] <= 0) continue;  // get() names these
-    if (e->shape[1] * 32 != claim.bits * claim.group * s->shape[1])
-      return format_error(says + ", but " + tensor + " (U32 " + shape_str(e->shape) + ", scales " +
+    const std::string layout = mlx_layout_name(bits, group);
+    if (layout.empty() || e->shape[1] * 32 != bits * group * s->shape[1])
+      return format_error(config_where + ": \"quantization\" says " + std::to_string(bits) + "-bit with groups of " +
+                          std::to_string(group) + ", but " + tensor + " (U32 " + shape_str(e->shape) + ", scales " +
                           shape_str(s->shape) + ") fits " + mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
-    if (claim.bits != 4 || claim.group != 64)
+    if (bits != 4 || group != 64)
       return unsupported_mlx_layout(file_of(n) + ": tensor '" + n + "'",
-                                    mlx_layout_name(claim.bits, claim.group) + " (as " + config_where +
-                                        " \"quantization\" says)");
+                                    layout + " (as " + config_where + " \"quantization\" says)");
   }
   // Without a "kept" list (MLX), a quantized scheme needs at least one quantized weight.
   if (claim.kind == QuantClaim::kNone || claim.has_kept || (claim.kind == QuantClaim::kQ8 ? any_q8 : any_mlx))

@@ -18,9 +18,9 @@ Status Binder::optional(const std::string& name, const Shape& expected, Weight* 
   const std::string file = src_.file_of(name);
   if (!expected.empty() && w.shape != expected && w.dtype == DType::kQ4G64 && expected.size() == 2 &&
       w.shape[0] == expected[0] && expected[1] > 0) {
-    // The source reads MLX's U32 words as 4-bit with groups of 64, the only layout whose bits per
-    // group the file alone cannot tell apart from 8-bit with groups of 32 (both 256). The config's
-    // column count settles it: bits = words per row × 32 / cols, group = cols / groups per row.
+    // The source reads MLX's U32 words as 4-bit with groups of 64 wherever the shapes give 256 bits
+    // per group, which 8-bit groups of 32 and 2-bit groups of 128 also do. The config's column
+    // count settles it: bits = words per row × 32 / cols, group = cols / groups per row.
     const int64_t words = w.shape[1] / 8, groups = w.shape[1] / 64;
     if (words * 32 % expected[1] == 0 && expected[1] % groups == 0) {
       const std::string layout = mlx_layout_name(words * 32 / expected[1], expected[1] / groups);
