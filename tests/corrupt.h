@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "testing.h"
 
@@ -85,6 +86,27 @@ inline void st_poke_bf16(const fs::path& p, const std::string& tensor, int64_t i
   const uint64_t off = h[tensor]["data_offsets"][0].get<uint64_t>() + 2 * index;
   std::memcpy(f.data.data() + off, &bits, 2);
   st_write(p, f.header, f.data);
+}
+
+// Replaces the 2-D tensor `name` ("X.weight") by an MLX quantized triple of `bits` per element in
+// groups of `group` along its columns: X.weight U32 [rows, cols·bits/32], X.scales and X.biases
+// BF16 [rows, cols/group] (the words arbitrary: the layout is in the shapes).
+inline void st_make_mlx(const fs::path& p, const std::string& name, int64_t bits, int64_t group) {
+  StFile f = st_read(own(p));
+  auto h = nlohmann::json::parse(f.header);
+  const int64_t rows = h[name]["shape"][0], cols = h[name]["shape"][1];
+  const std::string base = name.substr(0, name.size() - 6);  // "X."
+  const int64_t words = rows * cols * bits / 32, groups = rows * cols / group;
+  uint64_t at = f.data.size();
+  auto append = [&](const std::string& n, const char* dtype, std::vector<int64_t> shape, size_t bytes, char fill) {
+    h[n] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {at, at + bytes}}};
+    f.data.append(bytes, fill);
+    at += bytes;
+  };
+  append(name, "U32", {rows, cols * bits / 32}, static_cast<size_t>(words) * 4, '\x21');
+  append(base + "scales", "BF16", {rows, cols / group}, static_cast<size_t>(groups) * 2, '\x3c');
+  append(base + "biases", "BF16", {rows, cols / group}, static_cast<size_t>(groups) * 2, '\0');
+  st_write(p, h.dump(), f.data);
 }
 
 // A .npy file from a raw header dict text and data bytes.

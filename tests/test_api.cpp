@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <sys/wait.h>
 
+#include "core/cpu_features.h"
 #include "io/file_counter.h"
 #include "io/npy.h"
 #include "klein/klein.h"
@@ -244,6 +247,123 @@ TEST(Model, TokenizeAndInfo) {
   ASSERT_TRUE(scalar.ok());
   EXPECT_NE(scalar->find("linear BF16: scalar"), std::string::npos) << *scalar;
   EXPECT_EQ(klein::cpu_info("sse9").status().code(), Code::kInvalidArgument);
+}
+
+// Load options that mean nothing are refused by Model::open (and check_load_options) before
+// anything is read, naming the field: a NaN budget used to turn the budget off (and was cast to
+// an integer: undefined behaviour), a tile of 100 px was silently rounded to 96.
+TEST(Model, LoadOptionsThatMeanNothingAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::function<void(klein::LoadOptions&)> set;
+    std::string named;
+  };
+  const Case bad[] = {
+      {[&](auto& o) { o.max_memory_gib = nan; }, "max_memory_gib nan"},
+      {[&](auto& o) { o.max_memory_gib = inf; }, "max_memory_gib inf"},
+      {[&](auto& o) { o.max_memory_gib = -1; }, "max_memory_gib -1"},
+      {[&](auto& o) { o.max_memory_gib = 1e300; }, "max_memory_gib 1e+300"},
+      {[&](auto& o) { o.vae_tile_above_gib = nan; }, "vae_tile_above_gib nan"},
+      {[&](auto& o) { o.vae_tile_above_gib = inf; }, "vae_tile_above_gib inf"},
+      {[&](auto& o) { o.vae_tile = 100; }, "vae_tile 100: must be a multiple of 8"},
+      {[&](auto& o) { o.vae_tile = 12; }, "vae_tile 12"},
+  };
+  for (const Case& c : bad) {
+    klein::LoadOptions lo;
+    c.set(lo);
+    auto m = klein::Model::open(tiny(), lo);
+    EXPECT_EQ(m.status().code(), Code::kInvalidArgument) << c.named;
+    EXPECT_TRUE(m.status().message().starts_with(c.named)) << m.status().message();
+    EXPECT_EQ(klein::check_load_options(lo).message(), m.status().message());
+  }
+  // The C API goes through the same check.
+  klein_load_params lp = klein_load_default_params();
+  lp.max_memory_gib = nan;
+  klein_model* model = nullptr;
+  klein_error err;
+  EXPECT_EQ(klein_model_open(tiny().c_str(), &lp, &model, &err), KLEIN_INVALID_ARGUMENT);
+  EXPECT_TRUE(std::string(err.message).starts_with("max_memory_gib nan")) << err.message;
+  EXPECT_EQ(model, nullptr);
+  lp = klein_load_default_params();
+  lp.vae_tile = 100;
+  EXPECT_EQ(klein_model_open(tiny().c_str(), &lp, &model, &err), KLEIN_INVALID_ARGUMENT);
+  EXPECT_TRUE(std::string(err.message).starts_with("vae_tile 100")) << err.message;
+  // What the options document still opens.
+  for (auto set : std::vector<std::function<void(klein::LoadOptions&)>>{
+           [](auto& o) { o.vae_tile = 64; }, [](auto& o) { o.vae_tile = -1; }, [](auto& o) { o.max_memory_gib = 0; },
+           [](auto& o) { o.max_memory_gib = klein::kMaxMemoryGib; }}) {
+    klein::LoadOptions lo;
+    set(lo);
+    EXPECT_TRUE(klein::check_load_options(lo).ok()) << klein::check_load_options(lo).to_string();
+  }
+}
+
+// An ISA ceiling this CPU lacks would run the best kernels below it without a word: refused,
+// naming the ISA and what the CPU has, by Model::open and cpu_info alike; one it has still works.
+TEST(Model, IsaTheCpuLacksIsRefused) {
+  const klein::CpuFeatures& cpu = klein::CpuFeatures::host();
+  for (klein::Isa has : cpu.isas()) {
+    klein::LoadOptions lo;
+    lo.isa = std::string(klein::isa_name(has));
+    EXPECT_TRUE(klein::check_load_options(lo).ok()) << lo.isa;
+    EXPECT_TRUE(klein::cpu_info(lo.isa).ok()) << lo.isa;
+  }
+  std::string missing;
+  for (int i = 0; i < static_cast<int>(klein::Isa::kCount) && missing.empty(); ++i)
+    if (!cpu.has(static_cast<klein::Isa>(i))) missing = std::string(klein::isa_name(static_cast<klein::Isa>(i)));
+  if (missing.empty()) GTEST_SKIP() << "this CPU has every ISA klein knows";
+  klein::LoadOptions lo;
+  lo.threads = 2;
+  lo.isa = missing;
+  auto m = klein::Model::open(tiny(), lo);
+  EXPECT_EQ(m.status().code(), Code::kInvalidArgument);
+  const std::string want = "isa \"" + missing + "\": this CPU does not have it (it has scalar";
+  EXPECT_TRUE(m.status().message().starts_with(want)) << m.status().message();
+  auto report = klein::cpu_info(missing);
+  EXPECT_EQ(report.status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(report.status().message().starts_with(want)) << report.status().message();
+}
+
+// Latents with an empty dimension are the caller's mistake: named as such, not as a VAE failure.
+TEST(Model, DecodeOfEmptyLatentsNamesTheShape) {
+  auto m = open_model(klein::MemoryPolicy::kLow);
+  ASSERT_TRUE(m);
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{1, 128, 0, 4}, std::vector<int64_t>{1, 128, 2, 0}}) {
+    klein::Latents z;
+    z.shape = shape;
+    auto img = m->decode(z);
+    EXPECT_EQ(img.status().code(), Code::kInvalidArgument);
+    EXPECT_TRUE(img.status().message().starts_with("latents: shape [1, 128, " + std::to_string(shape[2]) + ", " +
+                                                   std::to_string(shape[3]) + "]"))
+        << img.status().message();
+  }
+}
+
+// Model::inspect counts a component it cannot find as an error (`klein info` exits 1 on it),
+// whether its folder is gone or model_index.json does not name it; a whole folder has none.
+TEST(Model, InspectCountsMissingComponents) {
+  auto whole = klein::Model::inspect(tiny());
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->errors, 0);
+  auto dir = klein::testing::make_temp_dir("inspect_missing");
+  fs::copy(tiny(), dir / "m", fs::copy_options::recursive);
+  fs::remove_all(dir / "m" / "vae");
+  auto no_folder = klein::Model::inspect((dir / "m").string());
+  ASSERT_TRUE(no_folder.ok());
+  EXPECT_EQ(no_folder->errors, 1);
+  std::string index = slurp((dir / "m" / "model_index.json").string());
+  const size_t at = index.find("\"vae\"");
+  ASSERT_NE(at, std::string::npos);
+  index.replace(at, 5, "\"unused_entry\"");  // the entry renamed: "vae" not named at all
+  std::ofstream(dir / "m" / "model_index.json") << index;
+  auto not_named = klein::Model::inspect((dir / "m").string());
+  ASSERT_TRUE(not_named.ok());
+  EXPECT_GE(not_named->errors, 1);
+  bool vae_reported = false;
+  for (const auto& c : not_named->components)
+    if (c.name == "vae") vae_reported = c.error.find("no \"vae\" component") != std::string::npos;
+  EXPECT_TRUE(vae_reported);
+  fs::remove_all(dir);
 }
 
 TEST(CApi, OpenGenerateSave) {

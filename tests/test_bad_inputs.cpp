@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "corrupt.h"
 #include "testing.h"
 
@@ -36,6 +37,7 @@ struct Case {
   int exit_code;
   const char* first_line_has;  // a substring of the first stderr line
   std::function<std::string(const Ctx&)> setup;  // builds the bad input, returns the CLI arguments
+  const char* also = nullptr;  // a second substring of that line (e.g. the tensor beside the file)
 };
 
 const std::string kTe = "text_encoder/model.safetensors";
@@ -45,9 +47,8 @@ constexpr uint16_t kBf16NaN = 0x7FC0, kBf16Inf = 0x7F80;
 
 std::vector<Case> cases() {
   std::vector<Case> c;
-  auto add = [&](const char* n, int rc, const char* has, std::function<std::string(const Ctx&)> f) {
-    c.push_back({n, rc, has, std::move(f)});
-  };
+  auto add = [&](const char* n, int rc, const char* has, std::function<std::string(const Ctx&)> f,
+                 const char* also = nullptr) { c.push_back({n, rc, has, std::move(f), also}); };
   // ---- model folders
   add("ModelMissing", 1, "nowhere", [](const Ctx& x) { return "generate -q --prompt a -o " + q(x.out) + " --model " + q(x.dir / "nowhere"); });
   add("ModelIsAFile", 2, "model_index.json", [](const Ctx& x) { return "generate -q --prompt a -o " + q(x.out) + " --model " + q(x.file("model_index.json")); });
@@ -111,6 +112,87 @@ std::vector<Case> cases() {
   add("VaeGroups5", 1, "norm_num_groups", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["norm_num_groups"] = 5; }); });
   add("VaeActRelu", 1, "act_fn", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["act_fn"] = "relu"; }); });
   add("VaeOutChannels4", 1, "out_channels", [=](const Ctx& x) { return vae_cfg(x, [](auto& j) { j["out_channels"] = 4; }); });
+  // ---- option values and configs (issue 41)
+  const std::string z2x2 = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 128, 2, 2), }";
+  auto decode_with = [=](const Ctx& x, const std::string& extra) {
+    write_raw_npy(x.dir / "z.npy", z2x2, std::string(512 * 4, '\0'));
+    return "decode --model " + q(x.model) + " -q --latents " + q(x.dir / "z.npy") + " -o " + q(x.out) + " " + extra;
+  };
+  auto serve_with = [](const Ctx& x, const std::string& extra) { return "serve --model " + q(x.model) + " --port 0 " + extra; };
+  add("MaxMemoryNaN", 2, "--max-memory nan", [](const Ctx& x) { return x.gen("--max-memory nan"); });
+  add("MaxMemoryInf", 2, "--max-memory", [](const Ctx& x) { return x.gen("--max-memory inf"); });
+  add("EncodeMaxMemoryNaN", 2, "--max-memory nan", [](const Ctx& x) {
+    return "encode --model " + q(x.model) + " -q --prompt a -o " + q(x.dir / "out" / "e.npy") + " --max-memory nan";
+  });
+  add("DecodeMaxMemoryNaN", 2, "--max-memory nan", [=](const Ctx& x) { return decode_with(x, "--max-memory nan"); });
+  add("ServeMaxMemoryNaN", 2, "--max-memory nan", [=](const Ctx& x) { return serve_with(x, "--max-memory nan"); });
+  add("VaeTile100", 2, "--vae-tile 100: must be a multiple of 8", [](const Ctx& x) { return x.gen("--vae-tile 100"); });
+  add("DecodeVaeTile12", 2, "--vae-tile 12", [=](const Ctx& x) { return decode_with(x, "--vae-tile 12"); });
+  add("ServeVaeTile100", 2, "--vae-tile 100", [=](const Ctx& x) { return serve_with(x, "--vae-tile 100"); });
+  // An ISA this CPU lacks (the first one, found at run time; none on a CPU that has them all).
+  static const std::string lacked = [] {
+    for (int i = 0; i < static_cast<int>(Isa::kCount); ++i)
+      if (!CpuFeatures::host().has(static_cast<Isa>(i))) return std::string(isa_name(static_cast<Isa>(i)));
+    return std::string();
+  }();
+  static const std::string lacked_line = "--isa \"" + lacked + "\": this CPU does not have it (it has scalar";
+  if (!lacked.empty()) {
+    add("IsaTheCpuLacks", 2, lacked_line.c_str(), [](const Ctx& x) { return x.gen("--isa " + lacked); });
+    add("InfoCpuIsaTheCpuLacks", 2, lacked_line.c_str(), [](const Ctx&) { return "info --cpu --isa " + lacked; });
+  }
+  add("InfoIsaWithoutCpu", 2, "--isa scalar: only with --cpu", [](const Ctx& x) { return "info --model " + q(x.model) + " --isa scalar"; });
+  add("InfoVaeFolderMissing", 1, "component folder \"vae\" is missing", [](const Ctx& x) {
+    fs::remove_all(x.file("vae"));
+    return "info --model " + q(x.model);
+  });
+  add("DecodeLatentsZeroSize", 2, "z.npy: shape [1, 128, 0, 4]", [](const Ctx& x) {
+    write_raw_npy(x.dir / "z.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 128, 0, 4), }", "");
+    return "decode --model " + q(x.model) + " -q --latents " + q(x.dir / "z.npy") + " -o " + q(x.out);
+  });
+  const std::string kToOut = "single_transformer_blocks.0.attn.to_out.weight";  // [32, 128]
+  auto quant_cfg = [](const Ctx& x, nlohmann::json qz) {
+    edit_json(x.file("transformer/config.json"), [&](auto& j) { j["quantization"] = qz; });
+  };
+  add("QuantConfigQ8OverBf16", 1, "transformer/config.json: \"quantization\" says q8", [=](const Ctx& x) {
+    quant_cfg(x, {{"type", "q8"}, {"kept", nlohmann::json::array()}});
+    return x.gen();
+  }, "'context_embedder.weight'");
+  add("QuantConfigMlxOverBf16", 1, "transformer/config.json: \"quantization\" says MLX 4-bit", [=](const Ctx& x) {
+    quant_cfg(x, {{"group_size", 64}, {"bits", 4}});
+    return x.gen();
+  }, "no weight is quantized");
+  add("QuantConfigUnknownType", 1, "transformer/config.json: \"quantization\" type \"q3\"", [=](const Ctx& x) {
+    quant_cfg(x, {{"type", "q3"}});
+    return x.gen();
+  });
+  add("QuantConfigMxfp4", 1, "\"mode\" \"mxfp4\": unknown scheme", [=](const Ctx& x) {
+    quant_cfg(x, {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp4"}});
+    return x.gen();
+  });
+  add("QuantConfigOtherBits", 1, "says 8-bit with groups of 64", [=](const Ctx& x) {
+    st_make_mlx(x.file(kDit), kToOut, 4, 64);
+    quant_cfg(x, {{"group_size", 64}, {"bits", 8}});
+    return x.gen();
+  }, "'single_transformer_blocks.0.attn.to_out.weight'");
+  add("QuantConfigOtherGroup", 1, "says 4-bit with groups of 32", [=](const Ctx& x) {
+    st_make_mlx(x.file(kDit), kToOut, 4, 64);
+    quant_cfg(x, {{"group_size", 32}, {"bits", 4}});
+    return x.gen();
+  }, "'single_transformer_blocks.0.attn.to_out.weight'");
+  add("QuantConfigQ4OverQ8Name", 1, "says q8", [=](const Ctx& x) {
+    st_make_mlx(x.file(kDit), kToOut, 4, 64);
+    quant_cfg(x, {{"type", "q8"}});
+    return x.gen();
+  }, "MLX-packed");
+  add("Mlx8BitGroups32", 1, "'single_transformer_blocks.0.attn.to_out.weight': MLX 8-bit with groups of 32", [=](const Ctx& x) {
+    st_make_mlx(x.file(kDit), kToOut, 8, 32);
+    return x.gen();
+  }, "4-bit with groups of 64");
+  add("Mlx8BitGroups32WithConfig", 1, "MLX 8-bit with groups of 32 (as ", [=](const Ctx& x) {
+    st_make_mlx(x.file(kDit), kToOut, 8, 32);
+    quant_cfg(x, {{"group_size", 32}, {"bits", 8}});
+    return x.gen();
+  }, "transformer/config.json");
   // ---- weights
   add("DitWeightsMissing", 1, "transformer", [](const Ctx& x) { fs::remove(x.file(kDit)); return x.gen(); });
   add("DitTruncated", 1, kDit.c_str(), [](const Ctx& x) {
@@ -354,6 +436,7 @@ TEST_P(BadInput, NamesTheCulpritAndLeavesNothing) {
   EXPECT_EQ(r.exit_code, k.exit_code) << args << "\n" << r.err;
   EXPECT_TRUE(first.starts_with("klein: ")) << r.err;
   EXPECT_NE(first.find(k.first_line_has), std::string::npos) << "first stderr line: " << first;
+  if (k.also) EXPECT_NE(first.find(k.also), std::string::npos) << "first stderr line: " << first;
   std::map<std::string, std::string> after;
   for (const auto& e : fs::directory_iterator(x.dir / "out"))
     after[e.path().filename().string()] = e.is_regular_file() ? slurp_file(e.path()) : "<dir>";

@@ -206,6 +206,21 @@ TEST(Cli, InfoDescribesComponents) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 
+// A folder that lacks a component cannot run: `info` still prints what it found (stdout) and
+// names what is missing (stderr), and exits 1; the whole tiny model exits 0 (above).
+TEST(Cli, InfoExitsNonZeroOnAMissingComponent) {
+  auto dir = klein::testing::make_temp_dir("cli_info_missing");
+  fs::copy(klein::testing::tiny_model_dir(), dir / "m", fs::copy_options::recursive);
+  fs::remove_all(dir / "m" / "vae");
+  auto r = run_cli("info --model '" + (dir / "m").string() + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  for (const char* s : {"Flux2KleinPipeline", "[transformer] Flux2Transformer2DModel", "[vae] AutoencoderKLFlux2",
+                        "component folder \"vae\" is missing"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  EXPECT_TRUE(r.err.starts_with("klein: vae: missing: ")) << r.err;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, PhaseTimesListEachPhaseOnce) {
   // Editing nests the VAE's "vae_encode" steps inside the pipeline's per-reference "vae encode":
   // the summary must still name each phase once (it listed "vae encode" before and after).

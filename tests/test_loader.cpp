@@ -2,6 +2,7 @@
 // (shape, format, unused tensors) and the three models' load() on top of them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
@@ -169,6 +171,119 @@ TEST(Loader, OtherMlxBitsAndGroupSizesAreNamedAndRefused) {
   }
 }
 
+// Files written by MLX itself (tests/data/mlx, scripts/reference/make_mlx_fixture.py): its 4-bit
+// groups-of-64 layout loads and dequantizes as MLX does; its 8-bit groups-of-32 layout packs into
+// the same 256 bits per group, and must be named, with or without mlx-lm's config entry, rather
+// than read as a 4-bit matrix twice as wide.
+fs::path mlx_fixture(const std::string& name) { return klein::testing::data_dir() / "mlx" / name; }
+
+TEST(Loader, MlxWrittenQ4G64LoadsAndDequantizesAsMlx) {
+  auto src = open_source(mlx_fixture("q4g64.safetensors"));
+  auto ref = open_source(mlx_fixture("q4g64_dequantized.safetensors"));
+  ASSERT_TRUE(src && ref);
+  auto cfg = read_json_file(mlx_fixture("q4g64_config.json"));
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_TRUE(src->check_quantization(*cfg, "q4g64_config.json").ok());
+  Binder b(*src);
+  Weight w;
+  ASSERT_TRUE(b.required("lin.weight", {8, 128}, &w).ok());
+  EXPECT_EQ(w.dtype, DType::kQ4G64);
+  auto want = ref->get("lin.weight");
+  ASSERT_TRUE(want.ok());
+  std::vector<float> row(128);
+  for (int64_t r = 0; r < 8; ++r) {
+    weight_row_to_f32(w, r, row.data());
+    for (int64_t c = 0; c < 128; ++c) {
+      const float x = static_cast<const float*>(want->data)[r * 128 + c];
+      ASSERT_NEAR(row[c], x, 1e-6f * std::max(1.0f, std::abs(x))) << r << "," << c;
+    }
+  }
+}
+
+TEST(Loader, MlxWrittenQ8G32IsNamedNotReadAs4Bit) {
+  auto src = open_source(mlx_fixture("q8g32.safetensors"));
+  ASSERT_TRUE(src);
+  // Without a config: the model's column count tells the layout.
+  Binder b(*src);
+  Weight w;
+  Status st = b.required("lin.weight", {8, 128}, &w);
+  EXPECT_EQ(st.code(), Code::kUnsupported) << st.to_string();
+  EXPECT_TRUE(has(st.message(), "q8g32.safetensors: tensor 'lin.weight'") &&
+              has(st.message(), "MLX 8-bit with groups of 32") && has(st.message(), "4-bit with groups of 64"))
+      << st.message();
+  // With mlx-lm's config entry, at open, before any shape is known.
+  auto cfg = read_json_file(mlx_fixture("q8g32_config.json"));
+  ASSERT_TRUE(cfg.ok());
+  st = src->check_quantization(*cfg, "m/config.json");
+  EXPECT_EQ(st.code(), Code::kUnsupported) << st.to_string();
+  EXPECT_TRUE(has(st.message(), "'lin.weight'") && has(st.message(), "m/config.json") &&
+              has(st.message(), "MLX 8-bit with groups of 32") && has(st.message(), "4-bit with groups of 64"))
+      << st.message();
+}
+
+// A config.json "quantization" entry against the tensors: the schemes klein quantize and MLX
+// write pass where they match and are refused, naming the config and a tensor, where not.
+TEST(Loader, QuantizationConfigMustMatchTheTensors) {
+  auto dir = klein::testing::make_temp_dir("qcfg");
+  std::vector<int8_t> q(2 * 128, 3);
+  std::vector<float> one(8, 1.0f), plain(2 * 128, 0.5f);
+  ASSERT_TRUE(write_safetensors(dir / "q8.safetensors", {{"lin.weight", DType::kI8, {2, 128}, q.data()},
+                                                         {"lin.weight_scale", DType::kF32, {2}, one.data()}})
+                  .ok());
+  ASSERT_TRUE(write_safetensors(dir / "bf.safetensors", {{"lin.weight", DType::kF32, {2, 128}, plain.data()}}).ok());
+  const fs::path q4 = mlx_fixture("q4g64.safetensors");
+  const std::string cfg = "x/config.json";
+  struct Case {
+    fs::path file;
+    const char* quantization;  // JSON
+    Code code;                 // kOk: loads
+  };
+  const Case cases[] = {
+      {q4, R"j({"group_size": 64, "bits": 4})j", Code::kOk},
+      {q4, R"j({"type": "q4", "group_size": 64, "bits": 4, "mode": "affine (MLX)", "kept": []})j", Code::kOk},
+      {q4, R"j({"group_size": 64, "bits": 8})j", Code::kFormatError},
+      {q4, R"j({"group_size": 32, "bits": 4})j", Code::kFormatError},
+      {q4, R"j({"type": "q8"})j", Code::kFormatError},
+      {q4, R"j({"type": "bf16"})j", Code::kFormatError},
+      {dir / "q8.safetensors", R"j({"type": "q8", "mode": "int8 symmetric per output row, f32 scale"})j", Code::kOk},
+      {dir / "q8.safetensors", R"j({"group_size": 64, "bits": 4})j", Code::kFormatError},
+      {dir / "bf.safetensors", R"j({"type": "bf16", "kept": []})j", Code::kOk},
+      {dir / "bf.safetensors", R"j({"type": "q8"})j", Code::kFormatError},
+      {dir / "bf.safetensors", R"j({"type": "q4"})j", Code::kFormatError},
+      {dir / "bf.safetensors", R"j({"bits": 4, "group_size": 64})j", Code::kFormatError},
+      // klein quantize lists the weights it kept as stored: all of them where none fits q4.
+      {dir / "bf.safetensors", R"j({"type": "q4", "group_size": 64, "bits": 4, "kept": ["lin.weight"]})j", Code::kOk},
+      {dir / "bf.safetensors", R"j({"type": "q8", "kept": []})j", Code::kFormatError},
+      {dir / "bf.safetensors", R"j({"type": "q8", "kept": 5})j", Code::kFormatError},
+      // mlx-lm's per-layer overrides ("lin" for lin.weight) take precedence.
+      {q4, R"j({"group_size": 64, "bits": 8, "lin": {"group_size": 64, "bits": 4}})j", Code::kOk},
+      {q4, R"j({"group_size": 64, "bits": 4, "lin": {"group_size": 64, "bits": 8}})j", Code::kFormatError},
+      {q4, R"j({"type": "q3"})j", Code::kUnsupported},
+      {q4, R"j({"group_size": 32, "bits": 4, "mode": "mxfp4"})j", Code::kUnsupported},
+      {q4, R"j({"group_size": 64, "bits": 7})j", Code::kUnsupported},
+      {q4, R"j({"kept": []})j", Code::kUnsupported},
+      {q4, R"j({"group_size": "64", "bits": 4})j", Code::kFormatError},
+      {q4, R"j(5)j", Code::kFormatError},
+      {q4, R"j(null)j", Code::kOk},
+  };
+  for (const Case& c : cases) {
+    auto src = open_source(c.file);
+    ASSERT_TRUE(src);
+    nlohmann::json config = {{"hidden_size", 16}};
+    config["quantization"] = nlohmann::json::parse(c.quantization);
+    const Status st = src->check_quantization(config, cfg);
+    EXPECT_EQ(st.code(), c.code) << c.file.filename() << " " << c.quantization << ": " << st.to_string();
+    if (c.code == Code::kOk) continue;
+    EXPECT_TRUE(has(st.message(), cfg + ": \"quantization\"")) << st.message();
+    if (c.code == Code::kFormatError && c.quantization[0] == '{' && !has(c.quantization, "\"64\"") &&
+        !has(c.quantization, ": 5"))
+      EXPECT_TRUE(has(st.message(), "tensor 'lin.weight' in ")) << st.message();
+  }
+  // No entry: nothing to check.
+  EXPECT_TRUE(open_source(q4)->check_quantization({{"hidden_size", 16}}, cfg).ok());
+  fs::remove_all(dir);
+}
+
 TEST(Loader, MissingCompanionIsAClearError) {
   auto dir = klein::testing::make_temp_dir("qmiss");
   std::vector<int8_t> q(8, 1);
@@ -252,7 +367,7 @@ TEST(Loader, BinderOptionalIgnoredAndBoundTwice) {
 // Data at an odd offset (header length not padded to 8): 2-byte reads must not assume alignment.
 TEST(Loader, OddHeaderLengthReadsMisalignedBf16) {
   auto dir = klein::testing::make_temp_dir("odd");
-  const std::string header = R"({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]}})";
+  const std::string header = R"j({"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]}})j";
   ASSERT_EQ(header.size() % 2, 1u);
   const fs::path p = dir / "odd.safetensors";
   {

@@ -91,9 +91,11 @@ struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores; at most kMaxThreads
   MemoryPolicy memory = MemoryPolicy::kLow;
   std::string isa;                       // "": the fastest kernels this CPU has; else a ceiling: "scalar", "avx2", ...
+                                         // (one this CPU has: naming another is an error)
                                          // ("avx512_bf16" also forces bf16 dot products where float32 is faster)
   // Seamless tiled VAE decoding/encoding (equal to the whole-image pass to float rounding, in a
-  // fraction of the memory): the tile size in image pixels (a multiple of 8); 0: automatic —
+  // fraction of the memory): the tile size in image pixels (a multiple of 8, else Model::open
+  // refuses it); 0: automatic —
   // 512-pixel tiles when the whole-image pass would need more than vae_tile_above_gib of
   // activations (about 1024² and beyond); < 0: never.
   int vae_tile = 0;
@@ -108,6 +110,16 @@ struct LoadOptions {
   double max_memory_gib = 0;
   BackendKind backend = BackendKind::kAuto;
 };
+
+// The largest max_memory_gib / vae_tile_above_gib accepted (a budget beyond it means nothing).
+inline constexpr double kMaxMemoryGib = 1e6;
+
+// The checks Model::open makes of `options` before it reads anything: threads (0 to kMaxThreads),
+// isa ("" or a known name that this CPU has), vae_tile (a multiple of 8; 0 or < 0 as documented),
+// max_memory_gib and vae_tile_above_gib (finite, 0 to kMaxMemoryGib), precision and backend
+// (known values). An error names the field first ("max_memory_gib nan: ..."), so a front end
+// can put its own option's name in its place.
+KLEIN_API Status check_load_options(const LoadOptions& options);
 
 // Caller hooks. All are optional and called on the calling thread.
 struct Callbacks {

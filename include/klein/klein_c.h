@@ -79,10 +79,10 @@ typedef void (*klein_preview_fn)(int step, int total, const klein_image* preview
 typedef struct klein_load_params {
   int threads;        /* 0: all cores; at most 1024 (kMaxThreads) */
   int memory;         /* a klein_memory_policy */
-  const char* isa;    /* NULL or "": best available; else a ceiling: "scalar", "avx2", ... */
-  int vae_tile;       /* seamless tiled VAE: tile size in image pixels; 0: automatic; < 0: never */
+  const char* isa;    /* NULL or "": best available; else a ceiling this CPU has: "scalar", "avx2", ... */
+  int vae_tile;       /* seamless tiled VAE: tile size in image pixels, a multiple of 8; 0: automatic; < 0: never */
   int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
-  double max_memory_gib; /* memory budget in GiB (klein.h LoadOptions::max_memory_gib); 0: none */
+  double max_memory_gib; /* memory budget in GiB, 0 (none) to 1e6 (klein.h LoadOptions::max_memory_gib) */
   int backend;        /* a klein_backend: KLEIN_BACKEND_AUTO (default), KLEIN_BACKEND_CPU or KLEIN_BACKEND_CUDA */
 } klein_load_params;
 

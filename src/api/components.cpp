@@ -1,8 +1,11 @@
 #include "api/components.h"
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
+#include "api/guard.h"
 #include "kernels/registry.h"
 #ifdef KLEIN_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -10,19 +13,42 @@
 
 namespace klein::api {
 
+namespace {
+std::string isa_list(const std::vector<Isa>& isas) {
+  std::string names;
+  for (Isa i : isas) names += std::string(names.empty() ? "" : ", ") + std::string(isa_name(i));
+  return names;
+}
+
+// A budget in GiB (`field` names it): finite, 0 to kMaxMemoryGib. The callers turn it into bytes
+// with a cast, which is undefined behaviour for NaN or a value beyond uint64_t.
+Status check_gib(const char* field, double v) {
+  if (std::isfinite(v) && v >= 0 && v <= kMaxMemoryGib) return Status::Ok();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return invalid_argument(std::string(field) + " " + buf + ": expected a number of GiB from 0 (none) to " +
+                          std::to_string(static_cast<int64_t>(kMaxMemoryGib)));
+}
+}  // namespace
+
+Status isa_ceiling(const std::string& name, Isa* ceiling) {
+  *ceiling = Isa::kCount;
+  if (name.empty()) return Status::Ok();
+  std::vector<Isa> all;
+  for (int i = 0; i < static_cast<int>(Isa::kCount); ++i) all.push_back(static_cast<Isa>(i));
+  if (!isa_from_name(name, ceiling))
+    return invalid_argument("isa \"" + name + "\": unknown (expected one of " + isa_list(all) + ")");
+  // A ceiling the CPU lacks would silently run the best kernels below it: not what was asked.
+  const CpuFeatures& cpu = CpuFeatures::host();
+  if (!cpu.has(*ceiling))
+    return invalid_argument("isa \"" + name + "\": this CPU does not have it (it has " + isa_list(cpu.isas()) + ")");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options) {
-  if (options.threads < 0 || options.threads > kMaxThreads)
-    return invalid_argument("threads " + std::to_string(options.threads) + ": expected 0 (all cores) to " +
-                            std::to_string(kMaxThreads));
+  KLEIN_RETURN_IF_ERROR(check_load_options(options));
   Isa ceiling = Isa::kCount;
-  if (!options.isa.empty() && !isa_from_name(options.isa, &ceiling)) {
-    std::string names;
-    for (int i = 0; i < static_cast<int>(Isa::kCount); ++i)
-      names += std::string(i ? ", " : "") + std::string(isa_name(static_cast<Isa>(i)));
-    return invalid_argument("isa \"" + options.isa + "\": unknown (expected one of " + names + ")");
-  }
-  if (options.precision != Precision::kFp32 && options.precision != Precision::kFast)
-    return invalid_argument("precision: unknown value " + std::to_string(static_cast<int>(options.precision)));
+  KLEIN_RETURN_IF_ERROR(isa_ceiling(options.isa, &ceiling));
   KLEIN_ASSIGN_OR_RETURN([[maybe_unused]] const bool cuda, use_cuda(options));
   auto e = std::make_unique<Engine>();
 #ifdef KLEIN_HAS_CUDA
@@ -105,8 +131,31 @@ Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& di
 
 Result<std::string> cpu_report(const std::string& isa) {
   Isa ceiling = Isa::kCount;
-  if (!isa.empty() && !isa_from_name(isa, &ceiling)) return invalid_argument("isa \"" + isa + "\": unknown");
+  KLEIN_RETURN_IF_ERROR(isa_ceiling(isa, &ceiling));
   return kernels::describe_cpu(CpuFeatures::host(), ceiling);
 }
 
 }  // namespace klein::api
+
+namespace klein {
+
+Status check_load_options(const LoadOptions& options) {
+  return api::guarded("check load options", [&]() -> Status {
+    if (options.threads < 0 || options.threads > kMaxThreads)
+      return invalid_argument("threads " + std::to_string(options.threads) + ": expected 0 (all cores) to " +
+                              std::to_string(kMaxThreads));
+    Isa ceiling;
+    KLEIN_RETURN_IF_ERROR(api::isa_ceiling(options.isa, &ceiling));
+    // The VAE downsamples by 8: a tile edge that is not a multiple of it would be rounded.
+    if (options.vae_tile > 0 && options.vae_tile % 8 != 0)
+      return invalid_argument("vae_tile " + std::to_string(options.vae_tile) +
+                              ": must be a multiple of 8 image pixels (0: automatic, < 0: never tile)");
+    KLEIN_RETURN_IF_ERROR(api::check_gib("max_memory_gib", options.max_memory_gib));
+    KLEIN_RETURN_IF_ERROR(api::check_gib("vae_tile_above_gib", options.vae_tile_above_gib));
+    if (options.precision != Precision::kFp32 && options.precision != Precision::kFast)
+      return invalid_argument("precision: unknown value " + std::to_string(static_cast<int>(options.precision)));
+    return Status::Ok();
+  });
+}
+
+}  // namespace klein

@@ -27,7 +27,10 @@ struct Engine {
   std::string isa;
 };
 
-// Validates `isa` ("" or a known ISA name) and `backend`, and creates the engine.
+// The kernels' ceiling for LoadOptions::isa: kCount for "" (the best), else the named ISA, which
+// must be known and one this CPU has.
+Status isa_ceiling(const std::string& name, Isa* ceiling);
+// Checks `options` (check_load_options) and creates the engine.
 Result<std::unique_ptr<Engine>> make_engine(const LoadOptions& options);
 // Whether `options` run on the CUDA backend: kCuda (or an error saying why it cannot: a build
 // without the backend, no device, a host-memory budget), kAuto when the build has it, a device

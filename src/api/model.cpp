@@ -275,7 +275,6 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
     m->tokenizer.emplace(std::move(tok));
 
-    if (options.max_memory_gib < 0) return invalid_argument("max_memory_gib must be >= 0 (0: no budget)");
     if (options.max_memory_gib > 0) {
       KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_dir.dir, kKleinTextLayersNeeded, m->dit_dir.dir,
                                                               m->vae_dir.dir));
@@ -394,6 +393,9 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     KLEIN_ASSIGN_OR_RETURN(Tensor z, to_tensor(latents, "latents"));
     if (z.shape().size() != 4 || z.dim(0) != 1 || z.dim(1) != 128)
       return invalid_argument("latents: shape " + shape_str(z.shape()) + ", expected [1, 128, H/16, W/16]");
+    if (z.dim(2) < 1 || z.dim(3) < 1)  // else the VAE fails on an empty convolution, far from the input
+      return invalid_argument("latents: shape " + shape_str(z.shape()) +
+                              " holds no values, expected [1, 128, H/16, W/16] with H/16 and W/16 at least 1");
     // Caller-given latents (e.g. a .npy): a NaN here is the input's fault, not the VAE's weights'.
     for (int64_t i = 0; i < z.numel(); ++i)
       if (!std::isfinite(z.data()[i]))

@@ -35,21 +35,27 @@ ModelInfo describe(const ModelFolder& m) {
     auto comp = m.component(name);
     if (!comp.ok()) {
       c.error = "missing: " + comp.status().message();
+      ++info.errors;  // the exit code of `klein info` says the folder cannot run
       info.components.push_back(std::move(c));
       continue;
     }
     c.dir = comp->dir.string();
+    nlohmann::json cfg;
     if (name != "tokenizer") {
-      auto cfg = m.config(name);
-      if (!cfg.ok()) c.error = "config: " + cfg.status().message();
-      else c.config = config_entries(*cfg);
+      auto r = m.config(name);
+      if (!r.ok()) c.error = "config: " + r.status().message();
+      else cfg = std::move(r).value();
+      c.config = config_entries(cfg);
     }
     if (name != "tokenizer" && name != "scheduler" && c.error.empty()) {
       // Through the tensor source, so a quantized weight counts once, in its format (an MLX
       // 4-bit matrix as Q4_G64 [rows, cols], not as U32 words plus scales and biases).
       auto src = SafetensorsSource::open(comp->dir);
+      const Status quant = src.ok() ? (*src)->check_quantization(cfg, (comp->dir / "config.json").string()) : Status::Ok();
       if (!src.ok()) {
         c.error = "weights: " + src.status().message();
+      } else if (!quant.ok()) {
+        c.error = "weights: " + quant.message();
       } else {
         std::map<std::string, ComponentSummary::DTypeShare> by_format;
         const std::vector<std::string> names = (*src)->names();
@@ -79,6 +85,15 @@ ModelInfo describe(const ModelFolder& m) {
       }
     }
     info.errors += !c.error.empty();
+    info.components.push_back(std::move(c));
+  }
+  // A component the pipeline needs that model_index.json does not name at all.
+  for (const char* name : {"scheduler", "text_encoder", "tokenizer", "transformer", "vae"}) {
+    if (m.has(name)) continue;
+    ComponentSummary c;
+    c.name = name;
+    c.error = "missing: " + m.component(name).status().message();
+    ++info.errors;
     info.components.push_back(std::move(c));
   }
   return info;

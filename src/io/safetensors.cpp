@@ -103,6 +103,7 @@ Status WeightStore::add_file(const fs::path& file) {
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
+      if (it->is_null()) continue;  // mx.save_safetensors writes null when given no metadata
       if (!it->is_object()) return format_error(p + ": __metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m)
         if (m->is_string()) metadata_[m.key()] = m->get<std::string>();

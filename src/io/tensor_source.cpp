@@ -1,7 +1,11 @@
 #include "io/tensor_source.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -16,8 +20,7 @@ std::string mlx_layout_guess(int64_t bits_per_group) {
   std::string fits;
   for (int bits : {2, 3, 4, 5, 6, 8})
     for (int group : {32, 64, 128})
-      if (bits * group == bits_per_group)
-        fits += (fits.empty() ? "" : " or ") + std::to_string(bits) + "-bit with groups of " + std::to_string(group);
+      if (bits * group == bits_per_group) fits += (fits.empty() ? "" : " or ") + mlx_layout_name(bits, group).substr(4);
   return fits.empty() ? std::to_string(bits_per_group) + " bits per group, no MLX layout" : "MLX " + fits;
 }
 
@@ -32,6 +35,18 @@ bool mlx_base(const std::string& name, std::string* base) {
 }
 
 }  // namespace
+
+std::string mlx_layout_name(int64_t bits, int64_t group) {
+  const bool bits_ok = bits >= 2 && bits <= 8 && bits != 7, group_ok = group == 32 || group == 64 || group == 128;
+  if (!bits_ok || !group_ok) return "";
+  return "MLX " + std::to_string(bits) + "-bit with groups of " + std::to_string(group);
+}
+
+Status unsupported_mlx_layout(const std::string& where, const std::string& layout) {
+  return unsupported(where + ": " + layout +
+                     " (klein computes MLX 4-bit with groups of 64: `klein quantize --type q4` of the "
+                     "full-precision model writes that, and int8 per row: --type q8)");
+}
 
 Result<std::shared_ptr<SafetensorsSource>> SafetensorsSource::open(const fs::path& path) {
   KLEIN_ASSIGN_OR_RETURN(auto store, WeightStore::open(path));
@@ -130,9 +145,7 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
                           ", which does not divide the weight's " + std::to_string(rows) + " x " +
                           std::to_string(cols) + " into groups");
     if (cols / s->shape[1] != 64)
-      return unsupported(where + ": " + mlx_layout_guess(e->shape[1] * 32 / s->shape[1]) +
-                         " (klein computes MLX 4-bit with groups of 64: `klein quantize --type q4` of the "
-                         "full-precision model writes that)");
+      return unsupported_mlx_layout(where, mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
     if (b->shape != s->shape || b->dtype != s->dtype)
       return format_error(where + ": biases '" + c.offset + "' (" + std::string(dtype_name(b->dtype)) + " " +
                           shape_str(b->shape) + ") do not match its scales (" + std::string(dtype_name(s->dtype)) +
@@ -143,6 +156,146 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
   }
   if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
   return w;
+}
+
+namespace {
+
+// What a config.json "quantization" entry claims the stored weights are.
+struct QuantClaim {
+  enum Kind { kQ8, kMlx, kNone } kind = kNone;
+  int64_t bits = 0, group = 0;  // kMlx
+  std::string text;             // for messages: "\"quantization\" says q8", ...
+  // klein quantize's "kept": the 2-D float weights it left as stored (all of them, where none
+  // fits the scheme); MLX writes no such list.
+  bool has_kept = false;
+  std::set<std::string> kept;
+  // mlx-lm's per-layer overrides: "model.layers.0.mlp.gate_proj": {"group_size": G, "bits": B}.
+  std::map<std::string, std::pair<int64_t, int64_t>> layers;
+};
+
+Result<QuantClaim> parse_quantization(const nlohmann::json& q, const std::string& where) {
+  const std::string at = where + ": \"quantization\"";
+  if (!q.is_object()) return format_error(at + " must be an object, got " + std::string(q.type_name()));
+  auto integer = [&](const char* key, int64_t* out) -> Status {
+    if (!q.contains(key)) return Status::Ok();
+    const auto& v = q[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+      return format_error(at + " \"" + key + "\" must be a positive integer, got " + v.dump());
+    *out = v.get<int64_t>();
+    return Status::Ok();
+  };
+  int64_t bits = 0, group = 0;
+  KLEIN_RETURN_IF_ERROR(integer("bits", &bits));
+  KLEIN_RETURN_IF_ERROR(integer("group_size", &group));
+  std::string type, mode;
+  for (auto [key, out] : {std::pair<const char*, std::string*>{"type", &type}, {"mode", &mode}})
+    if (q.contains(key)) {
+      if (!q[key].is_string()) return format_error(at + " \"" + key + "\" must be a string, got " + q[key].dump());
+      *out = q[key].get<std::string>();
+    }
+  // klein quantize's modes and MLX's default one; MLX's others (mxfp4, nvfp4, mxfp8) store
+  // floating-point blocks the engine does not read.
+  if (!mode.empty() && mode != "affine" && mode != "affine (MLX)" && mode != "int8 symmetric per output row, f32 scale")
+    return unsupported(at + " \"mode\" \"" + mode + "\": unknown scheme (klein reads affine MLX and int8 per row)");
+  QuantClaim c;
+  if (q.contains("kept")) {
+    const auto& k = q["kept"];
+    if (!k.is_array()) return format_error(at + " \"kept\" must be a list of tensor names, got " + k.dump());
+    for (const auto& n : k) {
+      if (!n.is_string()) return format_error(at + " \"kept\" must be a list of tensor names, got " + n.dump());
+      c.kept.insert(n.get<std::string>());
+    }
+    c.has_kept = true;
+  }
+  for (auto it = q.begin(); it != q.end(); ++it) {
+    if (!it->is_object()) continue;
+    const auto& o = *it;
+    auto num = [&](const char* k, int64_t dflt) {
+      return o.contains(k) && o[k].is_number_integer() ? o[k].get<int64_t>() : dflt;
+    };
+    c.layers[it.key()] = {num("bits", bits ? bits : 4), num("group_size", group ? group : 64)};
+  }
+  if (type == "q8") {
+    if (bits || group)
+      return format_error(at + " says type q8 (int8 per row) but also bits/group_size " + std::to_string(bits) + "/" +
+                          std::to_string(group));
+    c.kind = QuantClaim::kQ8;
+    c.text = "\"quantization\" says q8 (int8 per row)";
+    return c;
+  }
+  if (type == "bf16") {
+    c.text = "\"quantization\" says bf16 (no quantized weights)";
+    return c;
+  }
+  if (!type.empty() && type != "q4")
+    return unsupported(at + " type \"" + type +
+                       "\": unknown scheme (klein writes q8, q4 or bf16; MLX group_size + bits)");
+  if (!type.empty() && ((bits && bits != 4) || (group && group != 64)))
+    return format_error(at + " says type q4 (4-bit, groups of 64) but bits " + std::to_string(bits) +
+                        ", group_size " + std::to_string(group));
+  if (type.empty() && !bits && !group)
+    return unsupported(at + ": unknown scheme (no type, bits or group_size)");
+  // MLX's defaults for a missing one (mx.quantize: group_size 64, bits 4).
+  c.kind = QuantClaim::kMlx;
+  c.bits = bits ? bits : 4;
+  c.group = group ? group : 64;
+  const std::string name = mlx_layout_name(c.bits, c.group);
+  if (name.empty())
+    return unsupported(at + " bits " + std::to_string(c.bits) + ", group_size " + std::to_string(c.group) +
+                       ": unknown scheme (MLX writes bits 2-6 or 8, groups of 32, 64 or 128)");
+  c.text = "\"quantization\" says " + name;
+  return c;
+}
+
+}  // namespace
+
+Status SafetensorsSource::check_quantization(const nlohmann::json& config, const std::string& config_where) const {
+  if (!config.is_object() || !config.contains("quantization") || config["quantization"].is_null()) return Status::Ok();
+  KLEIN_ASSIGN_OR_RETURN(const QuantClaim claim, parse_quantization(config["quantization"], config_where));
+  const std::string says = config_where + ": " + claim.text;
+  bool any_q8 = false, any_mlx = false;
+  std::string first_matrix;  // the first 2-D float weight, to name when nothing is quantized
+  for (const std::string& n : names()) {
+    const TensorEntry* e = store_.entry(n);
+    auto q = quantized_.find(n);
+    if (q == quantized_.end()) {
+      if (e->shape.size() != 2 || !format_traits(e->dtype).is_float || !n.ends_with(".weight")) continue;
+      if (first_matrix.empty()) first_matrix = n;
+      // klein quantize quantizes every 2-D float weight that it does not list as kept.
+      if (claim.kind != QuantClaim::kNone && claim.has_kept && !claim.kept.count(n))
+        return format_error(says + ", but tensor '" + n + "' in " + file_of(n) + " is " +
+                            std::string(dtype_name(e->dtype)) + " and not in its \"kept\" list");
+      continue;
+    }
+    const bool mlx = !q->second.offset.empty();
+    const std::string tensor = "tensor '" + n + "' in " + file_of(n);
+    (mlx ? any_mlx : any_q8) = true;
+    if (claim.kind != (mlx ? QuantClaim::kMlx : QuantClaim::kQ8))
+      return format_error(says + ", but " + tensor + " is " +
+                          (mlx ? "MLX-packed (U32 words with scales and biases)" : "int8 with a per-row scale"));
+    if (!mlx) continue;
+    int64_t bits = claim.bits, group = claim.group;
+    if (auto l = claim.layers.find(n.substr(0, n.size() - 7)); l != claim.layers.end())
+      std::tie(bits, group) = l->second;
+    // Words per row × 32 = bits × group × groups per row, for the claimed bits and group.
+    const TensorEntry* s = store_.has(q->second.scale) ? store_.entry(q->second.scale) : nullptr;
+    if (!s || e->shape.size() != 2 || s->shape.size() != 2 || s->shape[1] <= 0) continue;  // get() names these
+    const std::string layout = mlx_layout_name(bits, group);
+    if (layout.empty() || e->shape[1] * 32 != bits * group * s->shape[1])
+      return format_error(config_where + ": \"quantization\" says " + std::to_string(bits) + "-bit with groups of " +
+                          std::to_string(group) + ", but " + tensor + " (U32 " + shape_str(e->shape) + ", scales " +
+                          shape_str(s->shape) + ") fits " + mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
+    if (bits != 4 || group != 64)
+      return unsupported_mlx_layout(file_of(n) + ": tensor '" + n + "'",
+                                    layout + " (as " + config_where + " \"quantization\" says)");
+  }
+  // Without a "kept" list (MLX), a quantized scheme needs at least one quantized weight.
+  if (claim.kind == QuantClaim::kNone || claim.has_kept || (claim.kind == QuantClaim::kQ8 ? any_q8 : any_mlx))
+    return Status::Ok();
+  return format_error(says + ", but no weight is quantized" +
+                      (first_matrix.empty() ? std::string()
+                                            : " (tensor '" + first_matrix + "' in " + file_of(first_matrix) + " is " +
+                                                  std::string(dtype_name(store_.entry(first_matrix)->dtype)) + ")"));
 }
 
 }  // namespace klein

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +44,13 @@ class TensorSource {
   virtual void advise(const void* /*p*/, size_t /*n*/, Residency /*r*/) const {}
 };
 
+// The error for an MLX layout the engine does not compute, at `where` (a file and tensor):
+// `layout` ("MLX 8-bit with groups of 32") and the layouts it does compute.
+Status unsupported_mlx_layout(const std::string& where, const std::string& layout);
+// "MLX 8-bit with groups of 32" for `bits` and `group` that MLX can write (bits 2-8, groups 32 /
+// 64 / 128); empty for any other pair.
+std::string mlx_layout_name(int64_t bits, int64_t group);
+
 // One or several safetensors files (see WeightStore::open for the accepted paths). Resolves:
 //   X.weight I8 [rows, ...] + X.weight_scale [rows] or [rows, 1] (f32/f16/bf16) → Q8_ROW
 //   X.weight U32 [rows, cols/8] + X.scales + X.biases [rows, cols/64] (MLX 4-bit, group 64)
@@ -61,6 +69,14 @@ class SafetensorsSource final : public TensorSource {
   void advise(const void* p, size_t n, Residency r) const override { store_.advise(p, n, r); }
 
   const WeightStore& store() const { return store_; }
+
+  // The "quantization" entry of the component's config.json, checked against the tensors. klein
+  // quantize writes {"type": "q8" | "q4" | "bf16", ...} (q4 also "bits": 4, "group_size": 64),
+  // MLX {"group_size": G, "bits": B}. An unknown scheme, or one the tensors contradict (other
+  // bits or group size, a quantized type over unquantized weights, quantized weights under
+  // "bf16"), is an error naming `config_where` and a tensor; an MLX layout the engine does not
+  // compute is refused naming it. Without the entry there is nothing to check.
+  Status check_quantization(const nlohmann::json& config, const std::string& config_where) const;
 
  private:
   // Companions of a quantized weight (empty strings for a plain tensor).

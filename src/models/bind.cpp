@@ -16,6 +16,20 @@ Status Binder::optional(const std::string& name, const Shape& expected, Weight* 
   if (!src_.has(name)) return Status::Ok();
   KLEIN_ASSIGN_OR_RETURN(Weight w, src_.get(name));
   const std::string file = src_.file_of(name);
+  if (!expected.empty() && w.shape != expected && w.dtype == DType::kQ4G64 && expected.size() == 2 &&
+      w.shape[0] == expected[0] && expected[1] > 0) {
+    // The source reads MLX's U32 words as 4-bit with groups of 64 wherever the shapes give 256 bits
+    // per group, which 8-bit groups of 32 and 2-bit groups of 128 also do. The config's column
+    // count settles it: bits = words per row × 32 / cols, group = cols / groups per row.
+    const int64_t words = w.shape[1] / 8, groups = w.shape[1] / 64;
+    if (words * 32 % expected[1] == 0 && expected[1] % groups == 0) {
+      const std::string layout = mlx_layout_name(words * 32 / expected[1], expected[1] / groups);
+      if (!layout.empty())
+        return unsupported_mlx_layout(file + ": tensor '" + name + "'",
+                                      layout + " (U32 [" + std::to_string(w.shape[0]) + ", " + std::to_string(words) +
+                                          "] for the config's " + shape_str(expected) + ")");
+    }
+  }
   if (!expected.empty() && w.shape != expected)
     return format_error(file + ": tensor '" + name + "' has shape " + shape_str(w.shape) +
                         " but the config implies " + shape_str(expected));
@@ -78,6 +92,7 @@ Result<ComponentFiles> open_component(const std::filesystem::path& dir) {
   f.config_where = cfg.string();
   KLEIN_ASSIGN_OR_RETURN(f.config, read_json_file(cfg));
   KLEIN_ASSIGN_OR_RETURN(auto src, SafetensorsSource::open(dir));
+  KLEIN_RETURN_IF_ERROR(src->check_quantization(f.config, f.config_where));
   f.source = std::move(src);
   return f;
 }

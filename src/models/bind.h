@@ -55,8 +55,9 @@ class Binder {
 Status non_finite_weight_status(const TensorSource& src, const std::string& component,
                                 const std::function<bool(const std::string&)>& used = nullptr);
 
-// A model component folder: config.json parsed, the weights opened as a SafetensorsSource. The
-// path-based load() overloads of the models use it.
+// A model component folder: config.json parsed, the weights opened as a SafetensorsSource and
+// checked against the config's "quantization" entry. The path-based load() overloads of the
+// models use it.
 struct ComponentFiles {
   nlohmann::json config;
   std::string config_where;  // the config.json path, for messages

@@ -43,7 +43,7 @@ Command make_decode_command() {
                   "Default: automatic, tiles only very large images")
         ->check(CLI::Range(8, 8192));
     s->add_option("--max-memory", o->max_memory,
-                  "Memory budget in GiB: tile the VAE to stay under it, or fail at once with what it needs")
+                  "Memory budget in GiB (0 to 1000000): tile the VAE to stay under it, or fail at once with what it needs")
         ->check(CLI::Range(0.0, 1e6));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
@@ -56,15 +56,16 @@ Command make_decode_command() {
     if (ext != ".png") return fail(invalid_argument("-o " + o->out + ": output must be a .png file"));
     if (Status st = check_output_path("-o", o->out, {{"--latents", o->latents}}); !st.ok()) return fail(st);
     const auto t0 = std::chrono::steady_clock::now();
-    // The latents first: a bad file fails before the model is opened.
-    auto arr = load_npy(o->latents);
-    if (!arr.ok()) return fail(arr.status());
     LoadOptions lo;
     lo.threads = o->threads;
     lo.isa = o->isa;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.vae_tile = o->vae_tile;
     lo.max_memory_gib = o->max_memory;
+    if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
+    // The latents next: a bad file fails before the model is opened.
+    auto arr = load_npy(o->latents);
+    if (!arr.ok()) return fail(arr.status());
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
     Latents z;

@@ -62,7 +62,7 @@ Command make_generate_command() {
                   "memory). Default: automatic, tiles only very large images")
         ->check(CLI::Range(8, 8192));
     s->add_option("--max-memory", o->max_memory,
-                  "Memory budget in GiB: plan the run to stay under it (stream the text encoder and transformer "
+                  "Memory budget in GiB (0 to 1000000): plan the run to stay under it (stream the text encoder and transformer "
                   "block by block, tile the VAE), or fail at once with what it needs. Default: no budget")
         ->check(CLI::Range(0.0, 1e6));
     s->add_option("--preview", o->preview,
@@ -116,6 +116,7 @@ Command make_generate_command() {
     lo.max_memory_gib = o->max_memory;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.backend = parse_backend(o->backend);
+    if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     GenerateRequest g;
     g.prompt = prompt;
     g.width = o->width;

@@ -46,12 +46,18 @@ Command make_info_command() {
     auto* s = app.add_subcommand("info", "Describe a model folder (components, classes, config, dtypes, sizes) or this CPU");
     s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)");
     s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (precision fp32, and what fast changes)");
-    s->add_option("--isa", o->isa, "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...)");
+    s->add_option("--isa", o->isa,
+                  "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...; one this CPU has)");
     return s;
   };
   c.run = [o]() -> int {
     if (o->model.empty() && !o->cpu) return fail(invalid_argument("info: give --model DIR and/or --cpu"));
+    if (!o->isa.empty() && !o->cpu) return fail(invalid_argument("--isa " + o->isa + ": only with --cpu"));
     if (o->cpu) {
+      // The same check as the commands that run kernels: a known ISA that this CPU has.
+      LoadOptions lo;
+      lo.isa = o->isa;
+      if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
       auto report = cpu_info(o->isa);
       if (!report.ok()) return fail(report.status());
       std::printf("%s", report->c_str());
@@ -63,7 +69,8 @@ Command make_info_command() {
     std::printf("model      %s\n", m->path.c_str());
     std::printf("pipeline   %s%s\n", m->pipeline_class.c_str(), m->distilled ? " (distilled: 4 steps, no CFG)" : "");
     for (const auto& ci : m->components) {
-      std::printf("\n[%s] %s (%s)\n", ci.name.c_str(), ci.class_name.c_str(), ci.library.c_str());
+      if (ci.class_name.empty()) std::printf("\n[%s]\n", ci.name.c_str());  // not in model_index.json
+      else std::printf("\n[%s] %s (%s)\n", ci.name.c_str(), ci.class_name.c_str(), ci.library.c_str());
       std::string line;
       for (const auto& [key, value] : ci.config) {
         std::string item = key + "=" + value;

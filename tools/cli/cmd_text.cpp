@@ -72,7 +72,7 @@ Command make_encode_command() {
                   "they beat float32), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--max-memory", o->max_memory,
-                  "Memory budget in GiB: stream the text encoder block by block to stay under it, or fail at once "
+                  "Memory budget in GiB (0 to 1000000): stream the text encoder block by block to stay under it, or fail at once "
                   "with what it needs. Default: no budget")
         ->check(CLI::Range(0.0, 1e6));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
@@ -89,6 +89,7 @@ Command make_encode_command() {
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.max_memory_gib = o->max_memory;
     lo.backend = parse_backend(o->backend);
+    if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     auto model = Model::open(o->model, lo);
     if (!model.ok()) return fail(model.status());
     if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });

@@ -38,6 +38,11 @@ Status check_output_path(const std::string& option, const std::string& out,
 // safetensors headers): Model::info or Model::inspect.
 void note_quantized_fp32(Precision precision, const std::function<Result<ModelInfo>()>& info);
 
+// klein::check_load_options with the fields named as the options that set them ("--max-memory nan:
+// ..." rather than "max_memory_gib nan: ..."): generate, encode, decode and serve run it before
+// anything else is opened, so a value that means nothing never reaches a run.
+Status check_load_options_cli(const LoadOptions& options);
+
 // --backend: "cpu", "cuda" or "auto" (CLI11 checks the name; anything else is auto).
 BackendKind parse_backend(const std::string& name);
 inline constexpr const char* kBackendHelp =
@@ -46,9 +51,9 @@ inline constexpr const char* kBackendHelp =
 
 // --isa on the commands that run kernels.
 inline constexpr const char* kIsaHelp =
-    "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx "
-    "(default: the fastest kernels this CPU has; naming avx512_bf16 forces its bf16 dot products where they are "
-    "slower than float32)";
+    "Highest instruction set for the kernels: scalar, avx2, avx_vnni, avx512, avx512_vnni, avx512_bf16, amx; one "
+    "this CPU has (`klein info --cpu` lists them) (default: the fastest kernels this CPU has; naming avx512_bf16 "
+    "forces its bf16 dot products where they are slower than float32)";
 
 // The model `generate` and `serve` run without --model: the tiny random-weight test model, from
 // the source tree for a binary in its build folder, else installed beside the binary

@@ -1,5 +1,6 @@
 // Option values the CLI checks itself: seeds, prompt files, output paths that would overwrite an
-// input (each error names the option); the note on --precision fp32 with quantized weights.
+// input (each error names the option), the load options as the library checks them; the note on
+// --precision fp32 with quantized weights.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -129,6 +130,17 @@ void note_quantized_fp32(Precision precision, const std::function<Result<ModelIn
                  "note: %s weights under --precision fp32 are dequantized and computed in float32; "
                  "--precision fast runs them on the int8 kernels\n",
                  formats.c_str());
+}
+
+Status check_load_options_cli(const LoadOptions& options) {
+  Status st = klein::check_load_options(options);
+  if (st.ok()) return st;
+  static const std::pair<const char*, const char*> kFlag[] = {
+      {"threads ", "--threads "}, {"isa ", "--isa "}, {"vae_tile ", "--vae-tile "}, {"max_memory_gib ", "--max-memory "}};
+  for (const auto& [field, flag] : kFlag)
+    if (st.message().starts_with(field))
+      return Status(st.code(), flag + st.message().substr(std::string_view(field).size()));
+  return st;
 }
 
 BackendKind parse_backend(const std::string& name) {

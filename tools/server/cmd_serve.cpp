@@ -27,7 +27,7 @@ Command make_serve_command() {
     s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
         ->check(CLI::Range(0, 100000));
     s->add_option("--max-memory", o->max_memory_gib,
-                  "Memory budget in GiB per request (as klein generate --max-memory: streamed weights, tiled VAE; a request that cannot fit fails at once). Default: no budget")
+                  "Memory budget in GiB (0 to 1000000) per request (as klein generate --max-memory: streamed weights, tiled VAE; a request that cannot fit fails at once). Default: no budget")
         ->check(CLI::Range(0.0, 1e6));
     s->add_option("--api-key", o->s.api_key,
                   "Require 'Authorization: Bearer KEY' on /v1/ requests (default: KLEIN_API_KEY if set, else none)");
@@ -38,10 +38,10 @@ Command make_serve_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads of the engine (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
         ->check(CLI::IsMember({"low", "resident"}));
-    s->add_option("--isa", o->isa, "Highest instruction set for the kernels (default: the fastest kernels this CPU has)");
+    s->add_option("--isa", o->isa, kIsaHelp);
     s->add_option("--precision", o->precision, "fp32 (default, exact) or fast")->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-    s->add_option("--vae-tile", o->vae_tile, "VAE tile size in pixels (default: automatic)")->check(CLI::Range(8, 8192));
+    s->add_option("--vae-tile", o->vae_tile, "VAE tile size in image pixels, a multiple of 8 (default: automatic)")->check(CLI::Range(8, 8192));
     // Tests hold the loading state open to check what requests get meanwhile.
     s->add_option("--test-load-delay-ms", o->load_delay_ms)->group("")->check(CLI::Range(0, 600000));
     return s;
@@ -57,6 +57,8 @@ Command make_serve_command() {
     so.queue.load.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     so.queue.load.backend = parse_backend(o->backend);
     so.queue.test_load_delay_ms = o->load_delay_ms;
+    // The model loads in the background: a bad option must fail here, not in the first request.
+    if (Status st = check_load_options_cli(so.queue.load); !st.ok()) return fail(st);
     so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
     if (so.api_key.empty())
       if (const char* k = std::getenv("KLEIN_API_KEY")) so.api_key = k;
