@@ -87,6 +87,15 @@ inline void st_poke_bf16(const fs::path& p, const std::string& tensor, int64_t i
   st_write(p, f.header, f.data);
 }
 
+// Sets element `index` of an F32 tensor (a q8 `weight_scale`) to `v`.
+inline void st_poke_f32(const fs::path& p, const std::string& tensor, int64_t index, float v) {
+  StFile f = st_read(own(p));
+  auto h = nlohmann::json::parse(f.header);
+  const uint64_t off = h[tensor]["data_offsets"][0].get<uint64_t>() + 4 * index;
+  std::memcpy(f.data.data() + off, &v, 4);
+  st_write(p, f.header, f.data);
+}
+
 // A .npy file from a raw header dict text and data bytes.
 inline void write_raw_npy(const fs::path& p, std::string dict, const std::string& data) {
   while ((10 + dict.size() + 1) % 64) dict += ' ';

@@ -1,8 +1,68 @@
 #include "models/bind.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
 #include "io/json_file.h"
 
 namespace klein {
+
+namespace {
+
+// The companion tensors holding a quantized weight's scales and offsets, as the source pairs
+// them (io/tensor_source.cpp): q8 "X.weight_scale", MLX q4 "X.scales" / "X.biases".
+std::string companion(const Weight& w, bool offsets) {
+  if (w.dtype == DType::kQ8Row) return w.name + "_scale";
+  const std::string base = w.name.ends_with(".weight") ? w.name.substr(0, w.name.size() - 6) : w.name + ".";
+  return base + (offsets ? "biases" : "scales");
+}
+
+// A quantized weight's scales (and q4 offsets) must be finite, and small enough that every
+// dequantized value is a float32: 128·|s| for q8 (|q| ≤ 128), 15·|s| + |o| for q4 (nibbles
+// 0..15). A NaN there would make the weight's rows NaN; a larger scale, rows of ±inf. A scale
+// within this that still overflows a product is found at run time, as for float weights (the
+// output check, non_finite_weight_status). These are small tensors — one value per row for q8,
+// two per 64 weights for q4 (an eighth of its payload) — so reading them at load costs little;
+// the payloads themselves (gigabytes) are scanned only when an output goes non-finite. The q4
+// ones are then dropped from this process's pages again (the page cache keeps them), so that
+// load does not make them resident ahead of a memory plan that streams the weights.
+Status check_scales(const TensorSource& src, const Weight& w, const std::string& file) {
+  const bool q4 = w.offsets != nullptr;
+  const int64_t n = w.rows() * w.scales_per_row(), per_row = w.scales_per_row();
+  const float kMax = std::numeric_limits<float>::max(), mul = q4 ? 15.0f : 128.0f;
+  constexpr int64_t kChunk = 4096;
+  std::vector<float> sc(kChunk), of(kChunk, 0.0f);
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - i0);
+    scales_to_f32(w.scales, w.scale_dtype, i0, m, sc.data());
+    if (q4) scales_to_f32(w.offsets, w.scale_dtype, i0, m, of.data());
+    bool bad = false;  // no early exit: the loop vectorizes
+    for (int64_t i = 0; i < m; ++i) bad |= !(mul * std::fabs(sc[i]) + std::fabs(of[i]) <= kMax);
+    if (!bad) continue;
+    for (int64_t i = 0; i < m; ++i) {
+      const std::string row = " at row " + std::to_string((i0 + i) / per_row);
+      if (!std::isfinite(sc[i]) || !std::isfinite(of[i]))
+        return format_error(file + ": tensor '" + companion(w, std::isfinite(sc[i])) +
+                            "' has a non-finite value (NaN/Inf)" + row);
+      if (!(mul * std::fabs(sc[i]) + std::fabs(of[i]) <= kMax)) {
+        char v[32];
+        std::snprintf(v, sizeof v, "%.3g", sc[i]);
+        return format_error(file + ": tensor '" + companion(w, false) + "' has a scale of " + v + row +
+                            ", whose dequantized weights overflow float32");
+      }
+    }
+  }
+  if (q4) {
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(w.scale_dtype);
+    src.advise(w.scales, bytes, Residency::kDontNeed);
+    src.advise(w.offsets, bytes, Residency::kDontNeed);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status Binder::required(const std::string& name, const Shape& expected, Weight* out) {
   if (!src_.has(name)) return not_found(src_.origin() + ": tensor '" + name + "' is missing");
@@ -20,6 +80,7 @@ Status Binder::optional(const std::string& name, const Shape& expected, Weight* 
     return format_error(file + ": tensor '" + name + "' has shape " + shape_str(w.shape) +
                         " but the config implies " + shape_str(expected));
   if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
+  if (w.scales) KLEIN_RETURN_IF_ERROR(check_scales(src_, w, file));
   // Vectors (norms, biases) are cheap to scan here; matrices are scanned only when an output
   // goes non-finite (non_finite_weight_status).
   if (w.shape.size() <= 1 && w.numel() <= (int64_t{1} << 24)) {
