@@ -79,13 +79,22 @@ inline void st_edit(const fs::path& p, const std::function<void(nlohmann::json&)
   fn(h);
   st_write(p, h.dump(), f.data);
 }
-// Sets element `index` of a BF16 tensor to the bf16 pattern `bits` (0x7FC0: NaN).
-inline void st_poke_bf16(const fs::path& p, const std::string& tensor, int64_t index, uint16_t bits) {
+// Overwrites element `index` of tensor `tensor` (elements of sizeof(T) bytes) with `v`.
+template <class T>
+inline void st_poke(const fs::path& p, const std::string& tensor, int64_t index, T v) {
   StFile f = st_read(own(p));
   auto h = nlohmann::json::parse(f.header);
-  const uint64_t off = h[tensor]["data_offsets"][0].get<uint64_t>() + 2 * index;
-  std::memcpy(f.data.data() + off, &bits, 2);
+  const uint64_t off = h[tensor]["data_offsets"][0].get<uint64_t>() + sizeof(T) * index;
+  std::memcpy(f.data.data() + off, &v, sizeof(T));
   st_write(p, f.header, f.data);
+}
+// Sets element `index` of a BF16 tensor to the bf16 pattern `bits` (0x7FC0: NaN).
+inline void st_poke_bf16(const fs::path& p, const std::string& tensor, int64_t index, uint16_t bits) {
+  st_poke(p, tensor, index, bits);
+}
+// Sets element `index` of an F32 tensor (a q8 `weight_scale`) to `v`.
+inline void st_poke_f32(const fs::path& p, const std::string& tensor, int64_t index, float v) {
+  st_poke(p, tensor, index, v);
 }
 
 // Replaces the 2-D tensor `name` ("X.weight") by an MLX quantized triple of `bits` per element in

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <random>
@@ -269,6 +270,59 @@ TEST_P(BackendOps, AttentionCausalMaskedGqa) {
     }
   }
   expect_near(down(*out), want, gemm_tol(), "attention");
+}
+
+// Non-finite scores (issue 41: a corrupt Q / K weight) must reach the output on every backend:
+// a (query, head) row whose visible scores hold a NaN or make the softmax undefined (+inf) is
+// NaN in all D values; a masked key's NaN never counts; a row the mask leaves no key is zeros;
+// every other row is the formula's.
+TEST_P(BackendOps, AttentionNonFiniteScoresGiveNaNRows) {
+  const int64_t S = 9, D = 8;
+  const int Hq = 4, Hkv = 2;
+  auto qs = randv(S * Hq * D, 14), ks = randv(S * Hkv * D, 15);
+  const auto vs = randv(S * Hkv * D, 16);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  qs[(3 * Hq + 1) * D + 2] = nan;                                 // query 3, head 1
+  qs[(4 * Hq + 3) * D + 5] = std::numeric_limits<float>::infinity();  // query 4, head 3
+  ks[(6 * Hkv + 0) * D + 1] = nan;                                // key 6 of kv head 0: queries ≥ 6, heads 0-1
+  ks[(2 * Hkv + 1) * D + 4] = nan;                                // key 2, masked
+  ks[(0 * Hkv + 1) * D + 0] = nan;                                // key 0, masked: query 0 sees no key
+  std::vector<uint8_t> valid(S, 1);
+  valid[0] = valid[2] = 0;
+  auto nan_row = [](int64_t i, int h) { return (i == 3 && h == 1) || (i == 4 && h == 3) || (i >= 6 && h < 2); };
+  Tensor q = up(qs, {S, Hq * D}), k = up(ks, {S, Hkv * D}), v = up(vs, {S, Hkv * D});
+  auto out = be->alloc({S, Hq * D}, "out");
+  ASSERT_TRUE(out.ok());
+  const float scale = 0.3f;
+  ASSERT_TRUE(be->attention(q, k, v, *out, Hq, Hkv, scale, AttnMask{true, valid.data()}).ok());
+  const std::vector<float> got = down(*out);
+  for (int h = 0; h < Hq; ++h) {
+    const int g = h / (Hq / Hkv);
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<double> p(S, 0.0), want(D, 0.0);
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 1; j <= i; ++j) {
+        if (!valid[j]) continue;
+        double sc = 0;
+        for (int64_t d = 0; d < D; ++d) sc += static_cast<double>(qs[(i * Hq + h) * D + d]) * ks[(j * Hkv + g) * D + d];
+        mx = std::max(mx, p[j] = sc * scale);
+      }
+      for (int64_t j = 1; j <= i; ++j)
+        if (valid[j]) sum += (p[j] = std::exp(p[j] - mx));
+      for (int64_t j = 1; j <= i; ++j)
+        if (valid[j])
+          for (int64_t d = 0; d < D; ++d) want[d] += p[j] / sum * vs[(j * Hkv + g) * D + d];
+      for (int64_t d = 0; d < D; ++d) {
+        const float o = got[(i * Hq + h) * D + d];
+        if (nan_row(i, h)) {
+          ASSERT_TRUE(std::isnan(o)) << "query " << i << " head " << h << " on " << GetParam().name << ": " << o;
+        } else {
+          ASSERT_TRUE(std::isfinite(o)) << "query " << i << " head " << h << " on " << GetParam().name;
+          ASSERT_NEAR(o, want[d], gemm_tol()) << "query " << i << " head " << h << " on " << GetParam().name;
+        }
+      }
+    }
+  }
 }
 
 TEST_P(BackendOps, Conv2dWithPrologueUpsampleAndAccumulate) {

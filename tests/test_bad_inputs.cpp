@@ -43,7 +43,8 @@ struct Case {
 const std::string kTe = "text_encoder/model.safetensors";
 const std::string kDit = "transformer/diffusion_pytorch_model.safetensors";
 const std::string kVae = "vae/diffusion_pytorch_model.safetensors";
-constexpr uint16_t kBf16NaN = 0x7FC0, kBf16Inf = 0x7F80;
+constexpr uint16_t kBf16NaN = 0x7FC0, kBf16Inf = 0x7F80, kBf16NegInf = 0xFF80;
+constexpr uint16_t kBf16Huge = 0x7CF0;  // 9.97e36: a q4 weight of 15 · it is still a float32
 
 std::vector<Case> cases() {
   std::vector<Case> c;
@@ -270,6 +271,108 @@ std::vector<Case> cases() {
     return x.gen("--ref " + x.img("size_64x64.png"));
   });
   add("VaeTensorMissing", 1, "'decoder.conv_out.weight'", [](const Ctx& x) { st_edit(x.file(kVae), [](auto& h) { h.erase("decoder.conv_out.weight"); }); return x.gen(); });
+  // ---- non-finite attention (issue 41)
+  // A NaN / Inf that reaches only the attention scores (a Q or K projection) used to become a
+  // masked key, so the run exited 0 with a wrong image; now the softmax propagates it and the
+  // output check names the weight, in both precisions. Quantized weights can only carry it in
+  // their scales / biases, which load checks; scales that pass load but overflow the products
+  // fail at run time naming the component.
+  auto gen_fast = [](const Ctx& x) { return x.gen("--precision fast"); };
+  auto encode = [](const Ctx& x, const std::string& extra) {
+    return "encode --model " + q(x.model) + " -q --prompt a -o " + q(x.dir / "out" / "e.npy") + " " + extra;
+  };
+  // The tiny model quantized by `klein quantize --type type` into dir/type, as the context of a
+  // case. q4 quantizes a copy of it whose text encoder and transformer are tiny_q4's (Linear
+  // inputs of 64, so that q4 quantizes their attention projections).
+  auto quantized = [](const Ctx& x, const std::string& type) {
+    fs::path src = tiny_model_dir();
+    if (type == "q4") {
+      src = x.dir / "tiny_q4_full";
+      fs::copy(tiny_model_dir(), src, fs::copy_options::recursive);
+      for (const char* comp : {"text_encoder", "transformer"})
+        fs::copy(data_dir() / "tiny_q4" / comp, src / comp,
+                 fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    }
+    Ctx y = x;
+    y.model = x.dir / type;
+    const CliResult r = run_cli("quantize -q --model " + q(src) + " --type " + type + " -o " + q(y.model));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return y;
+  };
+  const std::string q_blk0 = "transformer_blocks.0.attn.";
+  add("DitNaNInToQ", 1, "'transformer_blocks.0.attn.to_q.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kDit), q_blk0 + "to_q.weight", 5, kBf16NaN);
+    return x.gen();
+  });
+  add("DitNaNInToKFast", 1, "'transformer_blocks.1.attn.to_k.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kDit), "transformer_blocks.1.attn.to_k.weight", 40, kBf16NaN);
+    return gen_fast(x);
+  });
+  add("DitInfInAddQProj", 1, "'transformer_blocks.0.attn.add_q_proj.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kDit), q_blk0 + "add_q_proj.weight", 7, kBf16Inf);
+    return x.gen();
+  });
+  add("DitNegInfInAddKProjFast", 1, "'transformer_blocks.0.attn.add_k_proj.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kDit), q_blk0 + "add_k_proj.weight", 3, kBf16NegInf);
+    return gen_fast(x);
+  });
+  add("DitNaNInSingleBlockQFast", 1, "'single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kDit), "single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 1, kBf16NaN);  // row 0: q
+    return gen_fast(x);
+  });
+  add("TeNaNInQProj", 1, "'model.layers.2.self_attn.q_proj.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kTe), "model.layers.2.self_attn.q_proj.weight", 4, kBf16NaN);
+    return x.gen();
+  });
+  add("EncodeTeInfInKProjFast", 1, "'model.layers.7.self_attn.k_proj.weight'", [=](const Ctx& x) {
+    st_poke_bf16(x.file(kTe), "model.layers.7.self_attn.k_proj.weight", 1, kBf16Inf);
+    return encode(x, "--precision fast");
+  });
+  add("DitQ8NaNScale", 1, "'transformer_blocks.0.attn.to_q.weight_scale'", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q8");
+    st_poke_f32(y.file(kDit), q_blk0 + "to_q.weight_scale", 3, std::numeric_limits<float>::quiet_NaN());
+    return y.gen();
+  });
+  add("DitQ8ScaleOverflowsItsWeight", 1, "'transformer_blocks.0.attn.to_k.weight_scale'", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q8");
+    st_poke_f32(y.file(kDit), q_blk0 + "to_k.weight_scale", 0, 1e37f);  // 127 · 1e37 is past float32
+    return gen_fast(y);
+  });
+  // Finite scales whose weights are representable, but whose products are not.
+  auto huge_scales = [](const fs::path& file, const std::string& tensor, float s) {
+    const int64_t rows = nlohmann::json::parse(st_read(file).header)[tensor]["shape"][0].get<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) st_poke_f32(file, tensor, r, s);
+  };
+  add("DitQ8HugeScale", 1, "transformer produced non-finite values", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q8");
+    huge_scales(y.file(kDit), q_blk0 + "to_k.weight_scale", 2.5e36f);
+    return y.gen();
+  });
+  add("DitQ8HugeScaleFast", 1, "transformer produced non-finite values", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q8");
+    huge_scales(y.file(kDit), q_blk0 + "add_q_proj.weight_scale", 2.5e36f);
+    return gen_fast(y);
+  });
+  add("EncodeTeQ8HugeScaleFast", 1, "text encoder produced non-finite values", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q8");
+    huge_scales(y.file(kTe), "model.layers.4.self_attn.q_proj.weight_scale", 2.5e36f);
+    return encode(y, "--precision fast");
+  });
+  add("DitQ4NaNScale", 1, "'transformer_blocks.0.attn.to_q.scales'", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q4");
+    st_poke_bf16(y.file(kDit), q_blk0 + "to_q.scales", 0, kBf16NaN);
+    return gen_fast(y);
+  });
+  add("DitQ4InfBias", 1, "'transformer_blocks.1.attn.add_k_proj.biases'", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q4");
+    st_poke_bf16(y.file(kDit), "transformer_blocks.1.attn.add_k_proj.biases", 9, kBf16Inf);
+    return y.gen();
+  });
+  add("DitQ4HugeScalesFast", 1, "transformer produced non-finite values", [=](const Ctx& x) {
+    const Ctx y = quantized(x, "q4");
+    for (int64_t i = 0; i < 64; ++i) st_poke_bf16(y.file(kDit), q_blk0 + "to_q.scales", i, kBf16Huge);  // [64, 1]
+    return gen_fast(y);
+  });
   // ---- tokenizer
   add("TokenizerJsonMissing", 1, "tokenizer", [](const Ctx& x) { fs::remove(x.file("tokenizer/tokenizer.json")); return x.gen(); });
   add("TokenizerNotJson", 1, "tokenizer.json", [](const Ctx& x) { spit_file(own(x.file("tokenizer/tokenizer.json")), "{\"model\": "); return x.gen(); });

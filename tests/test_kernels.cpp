@@ -16,6 +16,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -287,6 +288,23 @@ TEST(KernelsRef, QuantizeRowInt8RoundsHalfToEven) {
   EXPECT_EQ(qr[2], 1);  // 0.011 / 0.013386 = 0.82 → 1
 }
 
+TEST(KernelsRef, QuantizeRowInt8NonFinite) {
+  // A NaN anywhere gives s = NaN, else a ±inf s = +inf; q = 0 for both (kernels.h).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<int8_t> q(4, 9);
+  float s = 0;
+  for (const std::vector<float>& x : {std::vector<float>{nan, 1, 2, 3}, {1, 2, nan, -inf}, {-inf, 1, 2, nan}}) {
+    std::fill(q.begin(), q.end(), 9);
+    kernels::ref::quantize_row_int8(x.data(), 4, q.data(), &s);
+    EXPECT_TRUE(std::isnan(s)) << x[0] << " " << x[1] << " " << x[2] << " " << x[3];
+    EXPECT_EQ(q, std::vector<int8_t>(4, 0));
+  }
+  const std::vector<float> xi = {1, -inf, 2, inf};
+  kernels::ref::quantize_row_int8(xi.data(), 4, q.data(), &s);
+  EXPECT_EQ(s, inf);
+  EXPECT_EQ(q, std::vector<int8_t>(4, 0));
+}
+
 TEST(KernelsRef, W8A8HandComputed) {
   // x row [127, -63.5] → s = 1, q = [127, -64 (−63.5 → even)]; W = [[1, 2], [-128, 127]], scales [0.5, 1].
   const std::vector<float> x = {127.0f, -63.5f};
@@ -493,6 +511,49 @@ TEST_P(Kernels, LinearBf16DenormalAndNaNInputs) {
       else
         ASSERT_TRUE(std::isfinite(v)) << name << " row " << m << ", column " << n;
     }
+}
+
+TEST_P(Kernels, LinearNaNAndInfRowsStayNonFinite) {
+  // Under kFast the Q8_ROW / Q4_G64 kernels quantize x per row (W8A8 / W4A8). A NaN in a row —
+  // early in it, where a max over the later vectors dropped it, and it quantized to -127 — must
+  // make that row's outputs NaN, a ±inf one non-finite, as a float GEMM's (kernels.h); every
+  // other row stays finite and as the reference computes it.
+  std::mt19937 rng(37);
+  ThreadPool pool(2);
+  const int64_t M = 23, N = 40, K = 320;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (DType dt : {DType::kQ8Row, DType::kQ4G64}) {
+    const kernels::KernelEntry& e = fast.get(kernels::Op::kLinear, dt);
+    std::vector<float> x = random_vec(M * K, rng);
+    x[7 * K + 5] = nan;
+    x[15 * K + 9] = inf;
+    x[18 * K + 300] = -inf;
+    x[19 * K + 2] = nan;
+    x[19 * K + 200] = inf;
+    const OwnedWeight W = random_weight(dt, N, K, rng);
+    auto B = make_weight(DType::kBF16, N, 0, random_vec(N, rng));
+    std::vector<float> y(M * N), yr(M * N);
+    kernels::run_linear(fast, x.data(), M, K, W.w, &B.w, y.data(), pool);
+    if (e.fast && dt == DType::kQ8Row)
+      kernels::ref::linear_w8a8(x.data(), M, K, W.w, &B.w, yr.data());
+    else if (e.fast)
+      kernels::ref::linear_w4a8(x.data(), M, K, W.w, &B.w, yr.data());
+    else
+      kernels::ref::linear(x.data(), M, K, W.w, &B.w, yr.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const float v = y[m * N + n];
+        if (m == 7 || m == 19) {
+          ASSERT_TRUE(std::isnan(v)) << e.name << " NaN row " << m << ", column " << n << ": " << v;
+          ASSERT_TRUE(std::isnan(yr[m * N + n])) << "the reference, NaN row " << m;
+        } else if (m == 15 || m == 18) {
+          ASSERT_FALSE(std::isfinite(v)) << e.name << " inf row " << m << ", column " << n << ": " << v;
+        } else {
+          ASSERT_TRUE(std::isfinite(v)) << e.name << " row " << m << ", column " << n;
+          ASSERT_NEAR(v, yr[m * N + n], 1e-5f * std::max(1.0f, std::fabs(yr[m * N + n]))) << e.name << " row " << m;
+        }
+      }
+  }
 }
 
 TEST_P(Kernels, LinearSwigluEqualsLinearThenSiluMul) {
@@ -793,6 +854,86 @@ TEST_P(Kernels, AttentionLargeScoresStayFinite) {
   // double); the softmax weights inherit that relative error, hence the looser bound.
   EXPECT_LE(err, 1e-4f * std::max(1.0f, mag));
   EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
+}
+
+// A non-finite q or k element (issue 41: a corrupt Q / K projection): the (query, head) rows
+// whose visible scores include a NaN, or make the softmax undefined (+inf; all -inf), must be
+// NaN in all D values, and every other row finite and equal to the reference — a masked key's
+// score never counts, a row the mask leaves no key is zeros, and -inf scores beside finite ones
+// weigh 0. Once for the exact kernel and once for the fast one; 600 keys span several key
+// blocks of every kernel (96 for AVX2, kAttnBf16KeyBlock for the bf16 ones).
+TEST_P(Kernels, AttentionNonFiniteScoresGiveNaNRows) {
+  constexpr int64_t S = 600;
+  constexpr int Hq = 2, D = 16;  // one kv head
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    const char* what;
+    bool causal;
+    int64_t masked_key;  // key_valid hides this key (-1: no key_valid)
+    std::function<void(std::vector<float>& q, std::vector<float>& k)> poke;
+    std::function<bool(int64_t i, int h)> nan_row;
+  };
+  auto qat = [](int64_t i, int h, int d) { return (i * Hq + h) * D + d; };
+  const std::vector<Case> cases = {
+      {"NaN in q", false, -1, [&](auto& q, auto&) { q[qat(5, 1, 3)] = nan; },
+       [](int64_t i, int h) { return i == 5 && h == 1; }},
+      {"NaN in k, causal", true, -1, [&](auto&, auto& k) { k[300 * D + 2] = nan; },
+       [](int64_t i, int) { return i >= 300; }},
+      {"NaN in a masked key", false, 300, [&](auto&, auto& k) { k[300 * D + 2] = nan; },
+       [](int64_t, int) { return false; }},
+      {"NaN in masked key 0, causal: query 0 sees no key", true, 0, [&](auto&, auto& k) { k[1] = nan; },
+       [](int64_t, int) { return false; }},
+      {"+inf in q", false, -1, [&](auto& q, auto&) { q[qat(7, 0, 0)] = inf; },
+       [](int64_t i, int h) { return i == 7 && h == 0; }},
+      {"every score -inf", false, -1,
+       [&](auto& q, auto& k) {
+         q[qat(9, 1, 4)] = inf;
+         for (int64_t j = 0; j < S; ++j) k[j * D + 4] = -0.5f;
+       },
+       [](int64_t i, int h) { return i == 9 && h == 1; }},
+      {"-inf scores beside finite ones", true, -1,
+       [&](auto& q, auto& k) {
+         q[qat(400, 0, 4)] = 1e30f;
+         for (int64_t j = 0; j < S; ++j) k[j * D + 4] = j % 2 ? -1e30f : 0.0f;  // -1e60: -inf in float32
+       },
+       [](int64_t, int) { return false; }},
+  };
+  ThreadPool pool(2);
+  for (const kernels::KernelSet* ks : {&set, &fast}) {
+    const kernels::KernelEntry& e = ks->get(kernels::Op::kAttention, DType::kF32);
+    for (const Case& c : cases) {
+      std::mt19937 rng(11);
+      auto q = random_vec(S * Hq * D, rng), k = random_vec(S * D, rng), v = random_vec(S * D, rng);
+      c.poke(q, k);
+      std::vector<uint8_t> valid(S, 1);
+      if (c.masked_key >= 0) valid[c.masked_key] = 0;
+      const kernels::AttnMask mask{c.causal, c.masked_key >= 0 ? valid.data() : nullptr};
+      const float scale = 0.25f;
+      std::vector<float> o(S * Hq * D), r(S * Hq * D);
+      kernels::run_attention(*ks, q.data(), k.data(), v.data(), o.data(), S, S, Hq, 1, D, scale, mask, pool);
+      if (e.fast)
+        kernels::ref::attention_bf16(q.data(), k.data(), v.data(), r.data(), S, S, Hq, 1, D, scale, mask);
+      else
+        kernels::ref::attention(q.data(), k.data(), v.data(), r.data(), S, S, Hq, 1, D, scale, mask);
+      const float tol = 1e-5f + (e.fast ? 1.01f / 256 : 0.0f);  // |v| ≤ 1 (check_attention's bound)
+      for (int64_t i = 0; i < S; ++i)
+        for (int h = 0; h < Hq; ++h) {
+          const bool want_nan = c.nan_row(i, h);
+          for (int d = 0; d < D; ++d) {
+            const float got = o[qat(i, h, d)];
+            if (want_nan) {
+              ASSERT_TRUE(std::isnan(got)) << c.what << ": " << e.name << " row " << i << " head " << h << " = " << got;
+              ASSERT_TRUE(std::isnan(r[qat(i, h, d)])) << c.what << ": the reference, row " << i << " head " << h;
+            } else {
+              ASSERT_TRUE(std::isfinite(got)) << c.what << ": " << e.name << " row " << i << " head " << h;
+              ASSERT_NEAR(got, r[qat(i, h, d)], tol) << c.what << ": " << e.name << " row " << i << " head " << h;
+            }
+          }
+        }
+      if (c.masked_key == 0 && c.causal)  // query 0 sees no key: zeros
+        for (int d = 0; d < Hq * D; ++d) ASSERT_EQ(o[d], 0.0f) << c.what << ": " << e.name;
+    }
+  }
 }
 
 TEST_P(Kernels, Q4G64UnpackIsBitExact) {

@@ -6,7 +6,11 @@
 //            row strides of x and y in floats (0 = K / N).
 // attention: multi-head SDPA, token-major q [Sq, Hq, D] at row stride ldq, k/v [Sk, Hkv, D] at
 //            ldk/ldv, out [Sq, Hq, D] at ldo (0 = H·D); GQA: query head h reads kv head
-//            h / (Hq / Hkv); a query row with no visible key gives zeros.
+//            h / (Hq / Hkv); a query row with no visible key gives zeros. The mask alone says
+//            which keys count: a NaN score among the visible ones, or scores whose softmax is
+//            undefined (+inf, whose weight is inf/inf; every visible score −inf, 0/0), make the
+//            row NaN in every kernel, so a corrupt Q or K weight reaches the output checks
+//            instead of reading as a masked key.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +57,9 @@ void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const We
 //   q[k] = clamp(rne(x[k] / s), -127, 127)    (float32 division; rne = round half to even, as
 //                                              torch.round / nearbyint in the default mode)
 // and s = 0, q = 0 for an all-zero row. In PyTorch: s = x.abs().amax(-1, keepdim=True) / 127;
-// q = torch.where(s > 0, (x / s).round().clamp(-127, 127), 0). Inputs must be finite.
+// q = torch.where(s > 0, (x / s).round().clamp(-127, 127), 0). A row with a NaN has s = NaN
+// (amax keeps it, wherever it is), one with ±inf and no NaN s = +inf; both q = 0, so the row's
+// outputs s · 0 · … are NaN, as a float GEMM's would be non-finite.
 void quantize_row_int8(const float* x, int64_t K, int8_t* q, float* s);
 
 // The int32 accumulators of the W8A8 GEMM: acc[m, n] = Σ_k q[m, k] · W[n, k] (exact), for

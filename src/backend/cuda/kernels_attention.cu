@@ -7,9 +7,10 @@
 // 32 through shared memory. Per tile each lane scores one key against its warp's 4 queries (the
 // key row is read once per 4 queries), the warp updates each query's running max m and sum l,
 // rescales the output accumulator and adds p_j · V_j, the lanes splitting the head dimension
-// (lane owns dims lane, lane+32, ...). A query that sees no key gives zeros, as the contract
-// says. Scores are (q·k)·scale in float, softmax with expf, so the result agrees with the
-// double-precision formula to ~1e-6 relative.
+// (lane owns dims lane, lane+32, ...). A query that the mask gives no key gives zeros, as the
+// contract says; a NaN score, +inf or a row of -inf scores give NaN (kernels/kernels.h), so a
+// corrupt Q or K reaches the output checks. Scores are (q·k)·scale in float, softmax with expf,
+// so the result agrees with the double-precision formula to ~1e-6 relative.
 //
 // What it is not: a tensor-core kernel. At 1024² the DiT's attention is ~6.5 TFLOP per step,
 // which this kernel runs at CUDA-core speed, so it serves Precision::kFp32 (the exact path);
@@ -60,10 +61,12 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     Qs[i] = row < a.Sq ? a.q[row * a.ldq + static_cast<int64_t>(h) * D + i % D] : 0.0f;
   }
   float m[QW], l[QW], acc[QW][DPL];
+  bool seen[QW];  // the mask let the query see some key (uniform across the warp)
 #pragma unroll
   for (int t = 0; t < QW; ++t) {
     m[t] = -INFINITY;
     l[t] = 0.0f;
+    seen[t] = false;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[t][i] = 0.0f;
   }
@@ -101,11 +104,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     for (int t = 0; t < QW; ++t) {
       const int64_t qi = q0 + warp * QW + t;
       const bool ok = key_ok && (!a.causal || key <= qi);
+      if (!__any_sync(kFull, ok)) continue;  // no key of the tile visible (uniform across the warp)
+      seen[t] = true;
       const float sc = ok ? s[t] * a.scale : -INFINITY;
       const float mnew = fmaxf(m[t], warp_max(sc));
-      if (mnew == -INFINITY) continue;  // nothing visible yet (uniform across the warp)
-      const float corr = expf(m[t] - mnew);  // 0 on the first visible tile (m = −inf)
-      const float p = ok ? expf(sc - mnew) : 0.0f;
+      // fmaxf drops a NaN score from the max; that key's p = expf(NaN) is NaN all the same. The
+      // offset is mnew, or 0 while it is -inf (every visible score so far -inf), so that corr
+      // (m = -inf) and the masked lanes' p are expf(-inf) = 0, not expf(-inf + inf) = NaN.
+      const float moff = mnew == -INFINITY ? 0.0f : mnew;
+      const float corr = expf(m[t] - moff);  // 0 on the first visible tile (m = −inf)
+      const float p = ok ? expf(sc - moff) : 0.0f;
       l[t] = l[t] * corr + warp_sum(p);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) acc[t][i] *= corr;
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(AttentionArgs a)
     const int64_t qi = q0 + warp * QW + t;
     if (qi >= a.Sq) continue;
     float* o = a.out + qi * a.ldo + static_cast<int64_t>(h) * D;
-    const float inv = l[t] > 0.0f ? 1.0f / l[t] : 0.0f;
+    const float inv = seen[t] ? 1.0f / l[t] : 0.0f;  // l = 0 (only -inf scores): 0 · inf = NaN
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       const int d = lane + 32 * i;
@@ -163,7 +171,8 @@ __device__ float block_reduce(float v, bool is_max, float* smem32) {
 }
 
 // One block per query row: max, sum of exponentials, then the normalised row as bf16. The row
-// (≤ 64 KiB of scores) is read three times, from L2 after the first.
+// (≤ 64 KiB of scores) is read three times, from L2 after the first. Non-finite scores as the
+// fused kernel above: a row the mask leaves no key is zeros, a NaN / +inf / all -inf one NaN.
 __global__ void masked_softmax_kernel(const float* s, int64_t lds, __nv_bfloat16* p, int64_t ldp, int64_t rows,
                                       int64_t Sk, int64_t i0, float scale, bool causal, const uint8_t* valid) {
   __shared__ float smem[32];
@@ -173,18 +182,24 @@ __global__ void masked_softmax_kernel(const float* s, int64_t lds, __nv_bfloat16
     const int64_t qi = i0 + r;
     const int64_t jend = causal ? (qi + 1 < Sk ? qi + 1 : Sk) : Sk;
     float mx = -INFINITY;
+    int any = 0;
     for (int64_t j = threadIdx.x; j < jend; j += blockDim.x)
-      if (!valid || valid[j]) mx = fmaxf(mx, sr[j] * scale);
+      if (!valid || valid[j]) {
+        mx = fmaxf(mx, sr[j] * scale);  // may drop a NaN: its exp below is NaN all the same
+        any = 1;
+      }
+    const bool sees = __syncthreads_or(any) != 0;  // the mask leaves the row some key
     mx = block_reduce(mx, true, smem);
+    const float moff = mx == -INFINITY ? 0.0f : mx;  // only -inf scores: p = 0, sum = 0
     float sum = 0.0f;
-    if (mx != -INFINITY)
+    if (sees)
       for (int64_t j = threadIdx.x; j < jend; j += blockDim.x)
-        if (!valid || valid[j]) sum += expf(sr[j] * scale - mx);
+        if (!valid || valid[j]) sum += expf(sr[j] * scale - moff);
     sum = block_reduce(sum, false, smem);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = sees ? 1.0f / sum : 0.0f;  // sum NaN → NaN; sum 0 → inf, and 0 · inf = NaN
     for (int64_t j = threadIdx.x; j < Sk; j += blockDim.x) {
-      const bool vis = j < jend && (!valid || valid[j]) && inv > 0.0f;
-      pr[j] = __float2bfloat16_rn(vis ? expf(sr[j] * scale - mx) * inv : 0.0f);
+      const bool vis = j < jend && (!valid || valid[j]);
+      pr[j] = __float2bfloat16_rn(vis ? expf(sr[j] * scale - moff) * inv : 0.0f);
     }
   }
 }

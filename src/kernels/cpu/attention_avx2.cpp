@@ -9,7 +9,9 @@
 // Keeping scores transposed puts the queries along the vector lanes, so the softmax max/sum
 // over keys are plain vertical ops (no horizontal reductions) and exp runs 8 queries at once.
 // Per query i the running max m_i and sum l_i rescale O when a block raises the max; the
-// result is O / l, or zeros for a query that saw no visible key (l stays 0).
+// result is O / l, or zeros for a query that the mask gives no visible key. A NaN score gives
+// p = NaN and so a NaN row, as do +inf (p = 2^(inf − inf)) and a row of -inf scores (l = 0,
+// O / l = 0/0): the mask, not the scores, decides which keys count (kernels.h).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -39,6 +41,7 @@ struct Args {
   AttnMask mask;
   int64_t ldq, ldk, ldv, ldo;
   int64_t bq;  // queries per task: kBQFull or kBQCausal
+  int64_t first_key;  // mask.first_key(Sk)
 };
 
 struct Buffers {
@@ -117,11 +120,14 @@ void softmax_block(const Args& a, const Buffers& b, int64_t i0, int64_t j0, int6
   for (int64_t j = 0; j < nk; ++j) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * bq));
   const __m256 mold = _mm256_loadu_ps(b.m + c);
   const __m256 mnew = _mm256_max_ps(mold, mx);
-  // Still -inf only when nothing was visible so far; then exp2_neg(NaN) = 0 keeps O, l at 0.
-  const __m256 corr = exp2_neg(_mm256_sub_ps(mold, mnew));
+  // vmaxps may drop a NaN score from the max; that key's p is NaN all the same. The offset
+  // subtracted is mnew, or 0 where it is still -inf (every score so far -inf: masked keys),
+  // so that a masked key gives p = 2^-inf = 0 and corr = 0 (O, l are 0), not 2^(-inf + inf).
+  const __m256 moff = _mm256_blendv_ps(mnew, _mm256_setzero_ps(), _mm256_cmp_ps(mnew, ninf, _CMP_EQ_OQ));
+  const __m256 corr = exp2_neg(_mm256_sub_ps(mold, moff));
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < nk; ++j) {
-    const __m256 p = exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j * bq), mnew));  // -inf → 0
+    const __m256 p = exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j * bq), moff));  // -inf → 0, NaN → NaN
     _mm256_storeu_ps(s + j * bq, p);
     sum = _mm256_add_ps(sum, p);
   }
@@ -196,7 +202,8 @@ void run_task(const Args& a, int h, int64_t i0, const Buffers& b) {
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* dst = a.out + (i0 + i) * a.ldo + static_cast<int64_t>(h) * D;
-    const float inv = b.l[i] > 0.0f ? 1.0f / b.l[i] : 0.0f;  // no visible key → zeros
+    const bool sees = a.first_key < a.Sk && (!a.mask.causal || a.first_key <= i0 + i);
+    const float inv = sees ? 1.0f / b.l[i] : 0.0f;  // no visible key → zeros; l = 0 → 0 · inf = NaN
     for (int d = 0; d < D; ++d) dst[d] = b.o[i * Dp + d] * inv;
   }
 }
@@ -207,7 +214,7 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                int64_t Sk, int Hq, int Hkv, int D, float scale, const AttnMask& mask,
                ThreadPool& pool, int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {
   const int64_t bq = mask.causal ? kBQCausal : kBQFull;
-  const Args a{q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo, bq};
+  const Args a{q, k, v, out, Sq, Sk, Hq, Hkv, D, scale, mask, ldq, ldk, ldv, ldo, bq, mask.first_key(Sk)};
   const int64_t nqb = (Sq + bq - 1) / bq;
   const int64_t tasks = nqb * Hq;
   std::atomic<int64_t> next{0};

@@ -14,8 +14,9 @@
 //   online softmax per query row (the keys along the lanes): mask, row max, P = 2^(S − m),
 //     l = l·corr + ΣP, O·= corr; P rounded to bf16 pairs along the keys is the next A operand
 //   O[BQ, D] += P[BQ, kBK/2 pairs] · Vp
-// and O / l is stored (zeros for a query that saw no visible key). Every operand of both
-// products is thus contiguous: no transposes inside the key loop.
+// and O / l is stored (zeros for a query that the mask gives no visible key; a NaN score, +inf or
+// a row of -inf scores give NaN, as attention_avx2.cpp says). Every operand of both products is
+// thus contiguous: no transposes inside the key loop.
 //
 // Include ONLY from attention_avx512bf16.cpp / attention_amx.cpp: everything has internal linkage.
 #pragma once
@@ -41,12 +42,13 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.44269504088896341f;
 
 // 2^x for 16 lanes with x ≤ 0 (the softmax after subtracting the max), relative error ≤ 3e-7
-// (degree-5 minimax on [-0.5, 0.5]). x < -126.5 (whose 2^n would be denormal), -inf and NaN give
-// exactly 0: the zeroing mask (an ordered compare, false for NaN) drops every such lane, whatever
-// the polynomial made of it (NaN for -inf). vscalefps puts n into the exponent in one step
-// (p · 2^n is exact for n ≥ -126).
+// (degree-5 minimax on [-0.5, 0.5]). x < -126.5 (whose 2^n would be denormal) and -inf give
+// exactly 0: the zeroing mask drops every such lane, whatever the polynomial made of it (NaN for
+// -inf). NaN gives NaN: the mask is "not less than", true for NaN (unordered), so a NaN score
+// reaches the output (kernels.h). vscalefps puts n into the exponent in one step (p · 2^n is
+// exact for n ≥ -126).
 inline __m512 exp2_neg16(__m512 x) {
-  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.5f), _CMP_GE_OQ);
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.5f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.3276445e-3f);
@@ -58,10 +60,11 @@ inline __m512 exp2_neg16(__m512 x) {
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
-// Probabilities (0 ≤ p ≤ 1, never NaN) → bf16 for the P · V product: vcvtneps2bf16 rounds to
-// nearest even as f32_to_bf16 does, except that it flushes a denormal p to zero — which the
-// product's units (tdpbf16ps, vdpbf16ps) do with a denormal bf16 input anyway, so the sums are
-// the same. One instruction instead of f32x16_to_bf16's integer rounding (~11).
+// Probabilities (0 ≤ p ≤ 1, or NaN from a NaN score) → bf16 for the P · V product:
+// vcvtneps2bf16 rounds to nearest even as f32_to_bf16 does (a NaN stays NaN), except that it
+// flushes a denormal p to zero — which the product's units (tdpbf16ps, vdpbf16ps) do with a
+// denormal bf16 input anyway, so the sums are the same. One instruction instead of
+// f32x16_to_bf16's integer rounding (~11).
 inline __m256i p_to_bf16(__m512 p) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p)); }
 
 // The operands' layouts and the products over them are the micro-kernels' (Mm below); the rest —
@@ -78,6 +81,7 @@ struct Args {
   int64_t DU;   // D/2 rounded up, then to the products' unit multiple: units of a Q / K row
   int64_t SkP;  // Sk rounded up to whole 32-key panels
   int64_t kv_end = 0;  // 1 + the last key that key_valid lets any query see (Sk without key_valid)
+  int64_t first_key = 0;  // mask.first_key(Sk)
   int64_t nsub = 1;    // sub-blocks of bq per task, which share each key block's K / V panels
 };
 
@@ -201,9 +205,12 @@ void key_block(const Args& a, const HeadPanels& hp, const Buffers& b, int64_t i0
       }
     }
     const float mold = b.m[i], mnew = std::max(mold, _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1)));
-    // Still -inf only when nothing was visible so far; then corr = 2^NaN = 0 keeps O, l at 0.
-    const float corr = _mm512_cvtss_f32(exp2_neg16(_mm512_set1_ps(mold - mnew)));
-    const __m512 vm = _mm512_set1_ps(mnew);
+    // The maxima may drop a NaN score; that key's p is NaN all the same. The offset subtracted
+    // is mnew, or 0 while it is -inf (every score so far -inf: masked keys), so that a masked
+    // key gives p = 2^-inf = 0 and corr = 0 (O, l are 0), not 2^(-inf + inf) = NaN.
+    const float moff = mnew == kNegInf ? 0.0f : mnew;
+    const float corr = _mm512_cvtss_f32(exp2_neg16(_mm512_set1_ps(mold - moff)));
+    const __m512 vm = _mm512_set1_ps(moff);
     __m512 sum = _mm512_setzero_ps();
     uint16_t* pb = b.pb + i * kBK;
     auto prob = [&](int v) { return exp2_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), vm)); };
@@ -275,7 +282,8 @@ void run_task(const Args& a, const HeadPanels& hp, int h, int64_t i0, int64_t ro
     }
   for (int64_t i = 0; i < rows; ++i) {
     float* dst = a.out + (i0 + i) * a.ldo + static_cast<int64_t>(h) * a.D;
-    const __m512 inv = _mm512_set1_ps(b.l[i] > 0.0f ? 1.0f / b.l[i] : 0.0f);  // no visible key → zeros
+    const bool sees = a.first_key < a.Sk && (!a.mask.causal || a.first_key <= i0 + i);
+    const __m512 inv = _mm512_set1_ps(sees ? 1.0f / b.l[i] : 0.0f);  // no visible key → zeros; l = 0 → NaN
     for (int64_t d = 0; d < a.D; d += 16)
       _mm512_mask_storeu_ps(dst + d, col_mask(static_cast<int>(std::min<int64_t>(16, a.D - d))),
                             _mm512_mul_ps(_mm512_loadu_ps(b.o + i * DP + d), inv));
@@ -293,6 +301,7 @@ void attention_bf16_run(const float* q, const float* k, const float* v, float* o
          ((D + 1) / 2 + Mm::kUnitAlign - 1) / Mm::kUnitAlign * Mm::kUnitAlign, (Sk + kZNR - 1) / kZNR * kZNR};
   a.bq = Mm::bq(mask.causal);
   a.kv_end = Sk;
+  a.first_key = mask.first_key(Sk);
   if (mask.key_valid)
     while (a.kv_end > 0 && mask.key_valid[a.kv_end - 1] == 0) --a.kv_end;
   const int64_t DP = (D + kZNR - 1) / kZNR * kZNR;

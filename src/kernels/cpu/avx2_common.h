@@ -173,18 +173,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // 2^x for 8 lanes with x ≤ 0, as softmax needs after subtracting the max (scores are kept in
-// log2 units). Relative error ≤ 3e-7 (degree-5 minimax polynomial on [-0.5, 0.5]). x ≤ -127,
-// -inf and NaN all give exactly 0: the clamp maps them to -127, whose exponent field is 0.
+// log2 units). Relative error ≤ 3e-7 (degree-5 minimax polynomial on [-0.5, 0.5]). x ≤ -127
+// and -inf give exactly 0: the clamp maps them to -127, whose exponent field is 0. NaN gives
+// NaN (the clamp is written (bound, x): vmaxps returns its second operand when one is NaN), so
+// that a NaN score reaches the attention's output (kernels.h).
 inline __m256 exp2_neg(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));  // max returns the 2nd operand for NaN
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 r = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
   __m256 p = _mm256_set1_ps(1.3276445e-3f);

@@ -121,11 +121,11 @@ inline std::vector<uint16_t> subpixel_weights(const Weight& w, int64_t Cout, int
   return out;
 }
 
-// e^x for 16 lanes, as conv_exp8 (conv2d_pack.h) on zmm.
+// e^x for 16 lanes, as conv_exp8 (conv2d_pack.h) on zmm: the clamps (bound, x) keep a NaN.
 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.3f);
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.3f), _mm512_max_ps(lo, x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

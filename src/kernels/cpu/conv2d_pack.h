@@ -108,12 +108,13 @@ inline float transform1(const ConvGeom& g, int64_t c, float v) {
 }
 
 // e^x for 8 lanes, ~1-2 ulp (Cephes-style: 2^n · poly(r)). Inputs below -87.3 give 0
-// (including -inf), inputs above 88.3 are clamped.
+// (including -inf), inputs above 88.3 are clamped, NaN stays NaN: the clamps are written
+// (bound, x), as vmaxps / vminps return the second operand when one is NaN.
 inline __m256 conv_exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.3f);
   const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+  x = _mm256_max_ps(lo, x);
+  x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n·ln2 with ln2 split in two so r is exact to float precision.

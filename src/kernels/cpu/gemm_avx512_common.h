@@ -21,8 +21,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "core/format.h"
 #include "core/weight.h"
@@ -58,23 +60,27 @@ inline __mmask16 col_mask(int cols) {  // the first `cols` (0..16) lanes
 // divide X), and its relative distance from the nearest one is at least 2^-49 — while the double
 // product's relative error is below 2^-52. So both round to the same float. (Quotients below
 // 2^-126, where midpoints are coarser, are far below 0.5 and give q = 0 either way.)
+// The max of |x| is on the bits as integers (quantize_row_avx2: a NaN anywhere is kept).
 inline void quantize_row_int8_z(const float* x, int64_t K, int64_t Kp, uint8_t* q, float* s_out, uint8_t offset) {
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  __m512 mx = _mm512_setzero_ps(), m1 = mx, m2 = mx, m3 = mx;  // four chains: vmaxps latency
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  auto abs_at = [&](int64_t i) { return _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask); };
+  __m512i mx = _mm512_setzero_si512(), m1 = mx, m2 = mx, m3 = mx;  // four chains: vpmaxsd latency
   int64_t k = 0;
   for (; k + 64 <= K; k += 64) {
-    mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), abs_mask));
-    m1 = _mm512_max_ps(m1, _mm512_and_ps(_mm512_loadu_ps(x + k + 16), abs_mask));
-    m2 = _mm512_max_ps(m2, _mm512_and_ps(_mm512_loadu_ps(x + k + 32), abs_mask));
-    m3 = _mm512_max_ps(m3, _mm512_and_ps(_mm512_loadu_ps(x + k + 48), abs_mask));
+    mx = _mm512_max_epi32(mx, abs_at(k));
+    m1 = _mm512_max_epi32(m1, abs_at(k + 16));
+    m2 = _mm512_max_epi32(m2, abs_at(k + 32));
+    m3 = _mm512_max_epi32(m3, abs_at(k + 48));
   }
-  mx = _mm512_max_ps(_mm512_max_ps(mx, m1), _mm512_max_ps(m2, m3));
-  for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), abs_mask));
-  if (k < K) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(col_mask(static_cast<int>(K - k)), x + k), abs_mask));
-  const float amax = _mm512_reduce_max_ps(mx);
+  mx = _mm512_max_epi32(_mm512_max_epi32(mx, m1), _mm512_max_epi32(m2, m3));
+  for (; k + 16 <= K; k += 16) mx = _mm512_max_epi32(mx, abs_at(k));
+  if (k < K)
+    mx = _mm512_max_epi32(mx, _mm512_and_si512(_mm512_maskz_loadu_epi32(col_mask(static_cast<int>(K - k)), x + k),
+                                               abs_mask));
+  const float amax = std::bit_cast<float>(_mm512_reduce_max_epi32(mx));
   const float s = amax / 127.0f;
   *s_out = s;
-  if (!(s > 0.0f)) {
+  if (!(s > 0.0f && s < std::numeric_limits<float>::infinity())) {  // zero, or a NaN / inf in x
     std::memset(q, offset, Kp);
     return;
   }

@@ -28,8 +28,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/format.h"
@@ -49,20 +51,25 @@ constexpr int64_t kI8MB = 48;   // rows of x per pass over a panel (a multiple o
 
 // ref::quantize_row_int8 with AVX2: the same float32 operations (max of |x|, amax / 127, x / s,
 // round half to even, clamp), so the same bytes. Writes K bytes of q (xor `flip`: 0x80 turns the
-// int8 into u8 = q + 128) and Kp - K pad bytes of `flip` (a zero).
+// int8 into u8 = q + 128) and Kp - K pad bytes of `flip` (a zero). The max of |x| is taken on
+// the bits as integers: for non-negative floats their order, with every NaN above +inf, so a NaN
+// anywhere in the row is kept (vmaxps would drop it unless it came last) and the row's outputs
+// turn NaN (kernels.h) instead of it quantizing to -127.
 inline void quantize_row_avx2(const float* x, int64_t K, int64_t Kp, uint8_t flip, uint8_t* q, float* s_out) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 mx = _mm256_setzero_ps();
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i mx = _mm256_setzero_si256();
   int64_t k = 0;
-  for (; k + 8 <= K; k += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  float amax = _mm_cvtss_f32(h);
-  for (; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  for (; k + 8 <= K; k += 8)
+    mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k)), abs_mask));
+  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+  uint32_t bits = static_cast<uint32_t>(_mm_cvtsi128_si32(h));
+  for (; k < K; ++k) bits = std::max(bits, std::bit_cast<uint32_t>(x[k]) & 0x7fffffffu);
+  const float amax = std::bit_cast<float>(bits);
   const float s = amax / 127.0f;
   *s_out = s;
-  if (!(s > 0.0f)) {
+  if (!(s > 0.0f && s < std::numeric_limits<float>::infinity())) {  // zero, or a NaN / inf in x
     std::memset(q, flip, Kp);
     return;
   }

@@ -1,6 +1,8 @@
 // Scalar reference for kernels::attention: per (head, query) it materialises one row of scores
 // [Sk], applies the mask, and does a max-subtracted softmax in double. Memory is O(Sk), not
 // O(H·Sq·Sk), but speed is irrelevant here: it exists to check the flash-style fast paths.
+// Non-finite scores (kernels.h): the mask decides visibility, never a score's value, so a NaN
+// score (or an undefined softmax: +inf − +inf, every visible score −inf) makes the row NaN.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,6 +17,9 @@ namespace klein::kernels::ref {
 namespace {
 
 inline double bf16r(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// max that keeps a NaN from either side (std::max drops one in its second operand).
+inline double max_nan(double a, double b) { return std::isnan(a) || a > b ? a : b; }
 
 // Both references; bf16: the operands rounded as attention_bf16 documents (kernels.h).
 void attention_impl(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk, int Hq,
@@ -37,21 +42,27 @@ void attention_impl(const float* q, const float* k, const float* v, float* out, 
       const float* qi = q + i * ldq + static_cast<int64_t>(h) * D;
       for (int d = 0; d < D; ++d) qr[d] = bf16 ? bf16r(qi[d] * qmul) : qi[d];
       double mx = ninf;
+      bool any_visible = false;
       for (int64_t j = 0; j < Sk; ++j) {
         const bool visible = (!mask.causal || j <= i) && (!mask.key_valid || mask.key_valid[j]);
         if (!visible) {
           s[j] = ninf;
           continue;
         }
+        any_visible = true;
         const float* kj = k + j * ldk + static_cast<int64_t>(g) * D;
         double dot = 0;
         for (int d = 0; d < D; ++d) dot += qr[d] * (bf16 ? bf16r(kj[d]) : kj[d]);
         s[j] = bf16 ? dot : dot * scale;  // bf16: log2 units
-        if (s[j] > mx) mx = s[j];
+        mx = max_nan(mx, s[j]);
       }
       float* oi = out + i * ldo + static_cast<int64_t>(h) * D;
-      if (mx == ninf) {  // no visible key: defined as zeros
+      if (!any_visible) {  // no visible key: defined as zeros
         for (int d = 0; d < D; ++d) oi[d] = 0.0f;
+        continue;
+      }
+      if (!std::isfinite(mx)) {  // a NaN, +inf (inf − inf) or only −inf scores: undefined
+        for (int d = 0; d < D; ++d) oi[d] = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
       double sum = 0;
@@ -62,7 +73,7 @@ void attention_impl(const float* q, const float* k, const float* v, float* out, 
         for (int64_t j0 = 0; j0 < Sk; j0 += kAttnBf16KeyBlock) {
           const int64_t j1 = std::min(Sk, j0 + kAttnBf16KeyBlock);
           double bm = ninf;
-          for (int64_t j = j0; j < j1; ++j) bm = std::max(bm, s[j]);
+          for (int64_t j = j0; j < j1; ++j) bm = max_nan(bm, s[j]);
           if (bm == ninf) continue;
           const double mnew = std::max(m, bm), corr = m == ninf ? 0.0 : std::exp2(m - mnew);
           sum *= corr;

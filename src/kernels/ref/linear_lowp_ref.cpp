@@ -4,6 +4,7 @@
 // error against it; the int8 one is integer arithmetic, so the kernels must match it exactly.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -45,10 +46,18 @@ void linear_bf16(const float* x, int64_t M, int64_t K, const Weight& W, const We
 
 void quantize_row_int8(const float* x, int64_t K, int8_t* q, float* s) {
   float amax = 0.0f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
-  *s = amax / 127.0f;
   for (int64_t k = 0; k < K; ++k) {
-    const float r = *s > 0.0f ? std::nearbyint(x[k] / *s) : 0.0f;  // default mode: half to even
+    const float a = std::fabs(x[k]);
+    if (std::isnan(a)) {  // std::max would drop it
+      amax = a;
+      break;
+    }
+    amax = std::max(amax, a);
+  }
+  *s = amax / 127.0f;
+  const bool finite = *s > 0.0f && *s < std::numeric_limits<float>::infinity();  // else q = 0 (kernels.h)
+  for (int64_t k = 0; k < K; ++k) {
+    const float r = finite ? std::nearbyint(x[k] / *s) : 0.0f;  // default mode: half to even
     q[k] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
   }
 }
