@@ -420,6 +420,24 @@ TEST(SingleFile, TransformerLoadsFromTheBflFileWithAPresetConfig) {
   EXPECT_EQ(dit->config().joint_attention_dim, 48);
 }
 
+TEST(SingleFile, LdmVaeMapsBackAndLoads) {
+  auto want = open_file(klein::testing::tiny_model_dir() / "vae");
+  auto file = open_file(single_file("tiny-flux2-vae-ldm.safetensors"));
+  ASSERT_TRUE(want && file);
+  auto info = detect_checkpoint(*file);
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  ASSERT_EQ(info->parts.size(), 1u);
+  EXPECT_EQ(info->description, "FLUX.2 VAE, LDM names (channels 8/16/32/32, 32 latent channels)");
+  ASSERT_EQ(info->parts[0].map, &ldm_flux2_vae_map());
+  auto mapped = MappedSource::create(file, ldm_flux2_vae_map());
+  ASSERT_TRUE(mapped.ok()) << mapped.status().to_string();
+  expect_same_tensors(**mapped, *want);
+  auto cfg = read_json_file(klein::testing::tiny_model_dir() / "vae/config.json");
+  ASSERT_TRUE(cfg.ok());
+  auto vae = Flux2Vae::load(*mapped, *cfg, "vae/config.json");
+  ASSERT_TRUE(vae.ok()) << vae.status().to_string();
+}
+
 // --- detection and presets -------------------------------------------------------------------
 
 namespace {
