@@ -418,6 +418,15 @@ TEST(SingleFile, TransformerLoadsFromTheBflFileWithAPresetConfig) {
   ASSERT_TRUE(dit.ok()) << dit.status().to_string();
   EXPECT_EQ(dit->config().num_layers, 2);
   EXPECT_EQ(dit->config().joint_attention_dim, 48);
+
+  // A config asking for a block the file lacks: the message names the file, the prefix and the
+  // map through which the diffusers name was looked for.
+  (*preset)["num_layers"] = 3;
+  auto bad = Flux2Transformer::load(*mapped, *preset, "preset");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), file->origin() +
+                                        " (tensors under 'model.diffusion_model.') via name map bfl_flux2_dit: tensor "
+                                        "'transformer_blocks.2.attn.to_q.weight' is missing");
 }
 
 TEST(SingleFile, LdmVaeMapsBackAndLoads) {

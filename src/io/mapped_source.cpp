@@ -90,7 +90,7 @@ Result<Weight> ScopedSource::get(const std::string& name) const {
 
 MappedSource::MappedSource(std::shared_ptr<const TensorSource> src, NameMap map,
                            std::vector<std::pair<std::string, MappedName>> mapped)
-    : src_(std::move(src)), map_(std::move(map)) {
+    : src_(std::move(src)), map_(std::move(map)), origin_(src_->origin() + " via name map " + map_.name) {
   for (auto& [source, m] : mapped) {
     std::string target = m.target;
     targets_.emplace(std::move(target), Target{std::move(source), std::move(m)});
@@ -111,13 +111,13 @@ std::vector<std::string> MappedSource::names() const {
 
 std::string MappedSource::file_of(const std::string& name) const {
   auto it = targets_.find(name);
-  if (it == targets_.end()) return src_->origin();
+  if (it == targets_.end()) return origin_;
   return src_->file_of(it->second.source) + " (as '" + it->second.source + "')";
 }
 
 Result<Weight> MappedSource::get(const std::string& name) const {
   auto it = targets_.find(name);
-  if (it == targets_.end()) return not_found(src_->origin() + ": tensor '" + name + "' is missing");
+  if (it == targets_.end()) return not_found(origin_ + ": tensor '" + name + "' is missing");
   const Target& t = it->second;
   KLEIN_ASSIGN_OR_RETURN(Weight w, src_->get(t.source));
   const std::string where = src_->file_of(t.source);

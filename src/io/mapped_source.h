@@ -53,7 +53,9 @@ class MappedSource final : public TensorSource {
   std::vector<std::string> names() const override;
   // The file and the stored tensor a name comes from: "ae.safetensors (as 'mid.attn_1.q.weight')".
   std::string file_of(const std::string& name) const override;
-  const std::string& origin() const override { return src_->origin(); }
+  // "<the source's origin> via name map <name>": a missing diffusers name is then read against
+  // the map that should have produced it.
+  const std::string& origin() const override { return origin_; }
   size_t total_bytes() const override { return src_->total_bytes(); }
   void advise(const void* p, size_t n, Residency r) const override { src_->advise(p, n, r); }
 
@@ -69,6 +71,7 @@ class MappedSource final : public TensorSource {
   };
   std::shared_ptr<const TensorSource> src_;
   NameMap map_;
+  std::string origin_;
   std::map<std::string, Target> targets_;
 };
 
