@@ -36,7 +36,7 @@ class Faults(unittest.TestCase):
         self.assertEqual(st, 200, body)
 
     def assertError(self, status, body, http, code=None, param=None):
-        self.assertEqual(status, http, body)
+        self.assertEqual(status, http, str(body)[:300])
         err = body["error"] if isinstance(body, dict) else json.loads(body[body.index("{"):])["error"]
         self.assertEqual(set(err), {"message", "type", "param", "code"})
         self.assertTrue(err["message"])
