@@ -131,6 +131,20 @@ class Server:
         self.proc.stderr.close()
 
 
+def job_events(url, job_id, headers=None, timeout=60):
+    """A /v1/jobs/{id}/events stream read to its end: (Content-Type, [(event name, data)])."""
+    req = urllib.request.Request(f"{url}/v1/jobs/{job_id}/events", headers=headers or {})
+    events, name = [], None
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+        return r.headers["Content-Type"], events
+
+
 def _json(raw):
     try:
         return json.loads(raw)

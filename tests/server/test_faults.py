@@ -9,9 +9,8 @@ import subprocess
 import threading
 import time
 import unittest
-import urllib.request
 
-from serverlib import KLEIN, TINY, Server, multipart, raw_request, tiny_png
+from serverlib import KLEIN, TINY, Server, job_events, multipart, raw_request, tiny_png
 
 
 def post_raw(port, path, content_type, body):
@@ -211,16 +210,7 @@ class Faults(unittest.TestCase):
 
 
 def follow(url, job_id):
-    """The events of a /v1/jobs stream as (name, data), to the end of the stream."""
-    events, name = [], None
-    with urllib.request.urlopen(f"{url}/v1/jobs/{job_id}/events", timeout=60) as r:
-        for raw in r:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line[6:])))
-    return events
+    return job_events(url, job_id)[1]
 
 
 class OwnServer(unittest.TestCase):

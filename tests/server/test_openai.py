@@ -12,7 +12,7 @@ import urllib.request
 
 import openai
 
-from serverlib import Server, png_size, png_text, tiny_png
+from serverlib import Server, job_events, png_size, png_text, tiny_png
 
 
 class OpenAIClient(unittest.TestCase):
@@ -126,20 +126,8 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(ids, ["tiny"])
 
     def _events(self, job_id):
-        req = urllib.request.Request(f"{self.srv.url}/v1/jobs/{job_id}/events",
-                                     headers={"Authorization": "Bearer test-key"})
-        events = []
-        with urllib.request.urlopen(req, timeout=60) as r:
-            self.assertEqual(r.headers["Content-Type"], "text/event-stream")
-            name = None
-            for raw in r:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    name = line[7:]
-                elif line.startswith("data: "):
-                    events.append((name, json.loads(line[6:])))
-                    if name in ("done", "error", "cancelled"):
-                        break
+        ctype, events = job_events(self.srv.url, job_id, headers={"Authorization": "Bearer test-key"})
+        self.assertEqual(ctype, "text/event-stream")
         return events
 
     def test_job_events(self):

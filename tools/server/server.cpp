@@ -274,31 +274,43 @@ class Service {
     else send_error(res, job->error());
   }
 
-  // OpenAI's image streaming: `<type>.partial_image` events as the job makes them, then one
-  // `<type>.completed` per image, or an `error` event ({"error": ...}, which the openai client
-  // raises). Hanging up cancels the job, as for the plain endpoints.
-  void stream(httplib::Response& res, const std::shared_ptr<Job>& job, const std::string& type) {
+  // An event stream of `job`: `next` turns what happened since the cursor into SSE text.
+  // Closing the stream before the job ends cancels it; `on_close` (optional) runs when it ends.
+  void sse(httplib::Response& res, const std::shared_ptr<Job>& job,
+           std::function<std::string(Job::Cursor*)> next, std::function<void()> on_close = {}) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     auto cursor = std::make_shared<Job::Cursor>();
     JobQueue* q = &queue_;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [job, cursor, type](size_t, httplib::DataSink& sink) {
-          std::string out;
-          for (const Job::Event& e : job->next_raw(cursor.get(), std::chrono::milliseconds(250))) {
-            if (e.name == "partial") out += "event: " + type + ".partial_image\ndata: " + e.data + "\n\n";
-            else if (e.name == "done") out += job->completed_events(type);
-            else if (e.name == "error" || e.name == "cancelled") out += "event: error\ndata: " + e.data + "\n\n";
-          }
+        [cursor, next = std::move(next)](size_t, httplib::DataSink& sink) {
+          std::string out = next(cursor.get());
+          // A comment line when nothing happened: writing is how a closed stream is noticed.
           if (out.empty()) out = ": waiting\n\n";
           if (!sink.write(out.data(), out.size())) return false;
           if (cursor->ended) sink.done();
           return true;
         },
-        [job, cursor, q](bool) {
+        [job, cursor, q, on_close = std::move(on_close)](bool) {
+          if (on_close) on_close();
           if (!cursor->ended && !job->done()) q->cancel(job);
         });
+  }
+
+  // OpenAI's image streaming: `<type>.partial_image` events as the job makes them, then one
+  // `<type>.completed` per image, or an `error` event ({"error": ...}, which the openai client
+  // raises).
+  void stream(httplib::Response& res, const std::shared_ptr<Job>& job, const std::string& type) {
+    sse(res, job, [job, type](Job::Cursor* cursor) {
+      std::string out;
+      for (const Job::Event& e : job->next_raw(cursor, std::chrono::milliseconds(250))) {
+        if (e.name == "partial") out += "event: " + type + ".partial_image\ndata: " + e.data + "\n\n";
+        else if (e.name == "done") out += job->completed_events(type);
+        else if (e.name == "error" || e.name == "cancelled") out += "event: error\ndata: " + e.data + "\n\n";
+      }
+      return out;
+    });
   }
 
   void submit(const httplib::Request& req, httplib::Response& res) {
@@ -332,24 +344,9 @@ class Service {
       return;
     }
     t_log.job = job->id;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    auto cursor = std::make_shared<Job::Cursor>();
-    JobQueue* q = &queue_;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [job, cursor](size_t, httplib::DataSink& sink) {
-          std::string out = job->next_events(cursor.get(), std::chrono::milliseconds(250));
-          // A comment line when nothing happened: writing is how a closed stream is noticed.
-          if (out.empty()) out = ": waiting\n\n";
-          if (!sink.write(out.data(), out.size())) return false;
-          if (cursor->ended) sink.done();
-          return true;
-        },
-        [job, cursor, q](bool) {
-          job->watchers.fetch_sub(1);
-          if (!cursor->ended && !job->done()) q->cancel(job);
-        });
+    sse(
+        res, job, [job](Job::Cursor* cursor) { return job->next_events(cursor, std::chrono::milliseconds(250)); },
+        [job] { job->watchers.fetch_sub(1); });
   }
 
   ServerOptions opt_;
