@@ -122,6 +122,10 @@ class Faults(unittest.TestCase):
                 b"Content-Length: 10\r\nContent-Length: 12\r\n\r\n")
         st, text = raw_request(self.srv.port, head, timeout=5)
         self.assertError(st, text, 400, "malformed_request")
+        head = (b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n")
+        st, text = raw_request(self.srv.port, head, timeout=5)
+        self.assertError(st, text, 400, "malformed_request")
 
     def test_streaming_fields_are_checked(self):
         for body, param, code in (({"stream": "yes"}, "stream", None), ({"stream": 1}, "stream", None),

@@ -156,7 +156,11 @@ std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, c
   return apply_fields(fields, limits, out);
 }
 
-std::optional<ApiError> check_content_length(const std::vector<std::string>& values, size_t max_body_bytes) {
+std::optional<ApiError> check_content_length(const std::vector<std::string>& values, bool transfer_encoding,
+                                             size_t max_body_bytes) {
+  if (transfer_encoding && !values.empty())
+    return ApiError{400, "both Content-Length and Transfer-Encoding given", "invalid_request_error", "",
+                    "malformed_request"};
   const auto bad = [](const std::string& v) {
     return ApiError{400, "bad Content-Length header: \"" + v.substr(0, 40) + "\" (a decimal byte count expected)",
                     "invalid_request_error", "", "malformed_request"};

@@ -53,9 +53,11 @@ std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, c
                                            uint64_t random_seed, bool need_image, JobSpec* out);
 
 // The Content-Length header values of a request (normally one). Decimal digits only, all equal,
-// at most `max_body_bytes`: anything else is answered at once (400, or 413 when too large)
+// at most `max_body_bytes`, and not beside a Transfer-Encoding (two framings: which one a proxy
+// in front used is unknown): anything else is answered at once (400, or 413 when too large)
 // instead of waiting for a body that will never match.
-std::optional<ApiError> check_content_length(const std::vector<std::string>& values, size_t max_body_bytes);
+std::optional<ApiError> check_content_length(const std::vector<std::string>& values, bool transfer_encoding,
+                                             size_t max_body_bytes);
 
 // "Authorization: Bearer <key>" against the key, in time independent of how much matches.
 bool bearer_matches(const std::string& authorization, const std::string& key);

@@ -185,7 +185,7 @@ class Service {
     std::vector<std::string> lengths;
     for (auto [it, end] = req.headers.equal_range("Content-Length"); it != end; ++it) lengths.push_back(it->second);
     if (lengths.empty()) return true;
-    auto e = check_content_length(lengths, opt_.max_body_bytes);
+    auto e = check_content_length(lengths, req.has_header("Transfer-Encoding"), opt_.max_body_bytes);
     if (!e) return true;
     send_error(res, *e);
     res.set_header("Connection", "close");
@@ -408,6 +408,10 @@ int serve(const ServerOptions& o) {
     while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     svr.stop();
   });
+  const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
+  std::fprintf(stderr, "klein serve: listening on http://%s:%d/ (model %s loading)%s\n", o.host.c_str(), port,
+               o.queue.model_dir.c_str(), loopback ? "" : " — reachable from other machines");
+  std::fflush(stderr);
   const std::string address = "http://" + o.host + ":" + std::to_string(port) + "/";
   service.queue().start(
       [&](const Status& s) {
@@ -421,10 +425,6 @@ int serve(const ServerOptions& o) {
         std::fprintf(stderr, "klein serve: ready: model %s (%s) on %s, loaded in %.2f s\n",
                      service.queue().model_name().c_str(), o.queue.model_dir.c_str(), address.c_str(), load_s);
       });
-  const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
-  std::fprintf(stderr, "klein serve: listening on http://%s:%d/ (model %s loading)%s\n", o.host.c_str(), port,
-               o.queue.model_dir.c_str(), loopback ? "" : " — reachable from other machines");
-  std::fflush(stderr);
   svr.listen_after_bind();
   finished = true;
   pthread_kill(on_signal.native_handle(), SIGTERM);  // blocked everywhere: only sigwait takes it
