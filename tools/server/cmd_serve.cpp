@@ -36,7 +36,7 @@ Command make_serve_command() {
     s->add_option("--max-size", o->s.limits.max_side, "Largest width or height a request may ask for (default 2048)")
         ->check(CLI::Range(16, 16384));
     s->add_option("--keep-results", o->keep_results_mib,
-                  "MiB of finished /v1/jobs results kept for GET /v1/jobs/{id}; the oldest are dropped first (default 256)")
+                  "MiB of finished /v1/jobs results kept for GET /v1/jobs/{id}, oldest dropped first; the newest is always kept (default 256)")
         ->check(CLI::Range(0, 1 << 20));
     s->add_option("--max-streams", o->s.max_watchers, "Event streams open on one job at once; more get 429 (default 8)")
         ->check(CLI::Range(1, 1000));
