@@ -1,5 +1,6 @@
 #include "jobs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <malloc.h>
 #include <nlohmann/json.hpp>
@@ -248,29 +249,24 @@ std::shared_ptr<Job> JobQueue::submit(JobSpec spec, bool keep, bool previews, Ap
 void JobQueue::prune_kept_locked() {
   // Finished jobs beyond keep_finished, or whose results together pass keep_bytes, are
   // forgotten oldest first; queued and running ones stay, and so does the newest finished one
-  // (its client has had no chance to fetch it yet).
-  size_t bytes = 0, finished = 0;
-  for (const auto& [id, job] : kept_)
-    if (job->done()) {
-      bytes += job->result_bytes();
-      ++finished;
-    }
-  for (auto it = kept_order_.begin(); it != kept_order_.end() && finished > 1;) {
-    auto k = kept_.find(*it);
-    if (k == kept_.end()) {
-      it = kept_order_.erase(it);
-      continue;
-    }
-    if (!k->second->done()) {
-      ++it;
-      continue;
-    }
-    if (static_cast<int>(finished) <= opt_.keep_finished && bytes <= opt_.keep_bytes) break;
-    bytes -= k->second->result_bytes();
-    --finished;
-    kept_.erase(k);
-    it = kept_order_.erase(it);
+  // (its client has had no chance to fetch it yet). One snapshot of which jobs are finished:
+  // the worker may finish one meanwhile.
+  std::vector<std::pair<std::string, size_t>> finished;  // id, result bytes; oldest first
+  size_t bytes = 0;
+  for (const std::string& id : kept_order_) {
+    auto k = kept_.find(id);
+    if (k == kept_.end() || !k->second->done()) continue;
+    finished.emplace_back(id, k->second->result_bytes());
+    bytes += finished.back().second;
   }
+  for (size_t i = 0; i + 1 < finished.size(); ++i) {
+    if (finished.size() - i <= static_cast<size_t>(opt_.keep_finished) && bytes <= opt_.keep_bytes) break;
+    bytes -= finished[i].second;
+    kept_.erase(finished[i].first);
+  }
+  kept_order_.erase(std::remove_if(kept_order_.begin(), kept_order_.end(),
+                                   [&](const std::string& id) { return kept_.count(id) == 0; }),
+                    kept_order_.end());
 }
 
 std::shared_ptr<Job> JobQueue::find(const std::string& id) const {
