@@ -194,6 +194,11 @@ class Faults(unittest.TestCase):
         self.srv.request("GET", "/v1/models")
         self.assertIsNotNone(self.srv.wait_log(r"GET /v1/models 200", start=start))
         self.assertFalse([l for l in self.srv.log()[start:] if "GET /health" in l])
+        # A path with a decoded newline stays on one line of the log.
+        st, b, _ = self.srv.request("GET", "/v1/x%0Aklein%20serve:%20forged")
+        self.assertEqual(st, 404)
+        self.assertIsNotNone(self.srv.wait_log(r"^klein serve: GET /v1/x\?klein serve: forged 404", start=start))
+        self.assertFalse([l for l in self.srv.log()[start:] if l.startswith("klein serve: forged")])
 
     def test_client_disconnect_cancels_its_job(self):
         before = self.srv.request("GET", "/health")[1]["jobs"]["cancelled"]

@@ -156,6 +156,11 @@ std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, c
   return apply_fields(fields, limits, out);
 }
 
+ApiError body_too_large(size_t max_body_bytes) {
+  return {413, "the request body is larger than " + std::to_string(max_body_bytes >> 20) + " MiB",
+          "invalid_request_error", "", "request_too_large"};
+}
+
 std::optional<ApiError> check_content_length(const std::vector<std::string>& values, bool transfer_encoding,
                                              size_t max_body_bytes) {
   if (transfer_encoding && !values.empty())
@@ -172,9 +177,7 @@ std::optional<ApiError> check_content_length(const std::vector<std::string>& val
     if (v.empty() || ec != std::errc() || p != v.data() + v.size()) return bad(v);
     if (v != values.front()) return ApiError{400, "conflicting Content-Length headers", "invalid_request_error", "",
                                              "malformed_request"};
-    if (n > max_body_bytes)
-      return ApiError{413, "the request body is larger than " + std::to_string(max_body_bytes >> 20) + " MiB",
-                      "invalid_request_error", "", "request_too_large"};
+    if (n > max_body_bytes) return body_too_large(max_body_bytes);
   }
   return std::nullopt;
 }

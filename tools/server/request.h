@@ -52,6 +52,9 @@ struct FormPart {
 std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
                                            uint64_t random_seed, bool need_image, JobSpec* out);
 
+// 413 for a body over the limit.
+ApiError body_too_large(size_t max_body_bytes);
+
 // The Content-Length header values of a request (normally one). Decimal digits only, all equal,
 // at most `max_body_bytes`, and not beside a Transfer-Encoding (two framings: which one a proxy
 // in front used is unknown): anything else is answered at once (400, or 413 when too large)

@@ -11,6 +11,7 @@
 #include <deque>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <system_error>
 
 #include "client_socket.h"
 #include "klein/klein.h"
@@ -54,8 +55,14 @@ class ConnectionPool : public httplib::TaskQueue {
       return;
     }
     ++s_->threads;
-    // The thread holds the state, so its last unlock never touches a destroyed pool.
-    std::thread([s = s_, base = base_] { work(s, base); }).detach();
+    try {
+      // The thread holds the state, so its last unlock never touches a destroyed pool.
+      std::thread([s = s_, base = base_] { work(s, base); }).detach();
+    } catch (const std::system_error&) {
+      // No thread to be had (a process or memory limit): the task waits for a running one.
+      --s_->threads;
+      s_->cv.notify_one();
+    }
   }
   void shutdown() override {
     std::unique_lock<std::mutex> lock(s_->mu);
@@ -142,8 +149,7 @@ class Service {
     svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 413)
-        send_error(res, {413, "the request body is larger than " + std::to_string(opt_.max_body_bytes >> 20) + " MiB",
-                         "invalid_request_error", "", "request_too_large"});
+        send_error(res, body_too_large(opt_.max_body_bytes));
       else if (res.status == 404)
         send_error(res, {404, "no such endpoint", "invalid_request_error", "", "not_found"});
       else
@@ -203,8 +209,15 @@ class Service {
     }
     // Health probes come every few seconds from monitors: only with -v, unless they fail.
     if (!opt_.verbose && req.path == "/health" && res.status < 400) return;
-    std::string line = "klein serve: " + (req.method.empty() ? std::string("?") : req.method) + " " +
-                       (req.path.empty() ? std::string("?") : req.path.substr(0, 200)) + " " + std::to_string(res.status);
+    // The method and path come from the client, decoded: no control characters into the log.
+    const auto printable = [](std::string t) {
+      if (t.empty()) return std::string("?");
+      if (t.size() > 200) t.resize(200);
+      for (char& c : t)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+      return t;
+    };
+    std::string line = "klein serve: " + printable(req.method) + " " + printable(req.path) + " " + std::to_string(res.status);
     if (!l.job.empty())
       line += " " + l.job + " size=" + l.size + " n=" + std::to_string(l.n) + " steps=" +
               (l.steps > 0 ? std::to_string(l.steps) : std::string("default"));
