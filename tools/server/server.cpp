@@ -50,7 +50,9 @@ class ConnectionPool : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::lock_guard<std::mutex> lock(s_->mu);
     s_->tasks.push_back(std::move(fn));
-    if (s_->idle > 0 || s_->threads >= max_) {
+    // An idle thread may already be promised to an earlier task it has not taken yet: a new
+    // thread unless there are more idle threads than waiting tasks.
+    if (s_->tasks.size() <= s_->idle || s_->threads >= max_) {
       s_->cv.notify_one();
       return;
     }
