@@ -5,10 +5,31 @@ import re
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 import zlib
+
+SKIP = 77  # ctest SKIP_RETURN_CODE
+
+
+def require(*modules):
+    """Exits 77 (a ctest skip), naming what is missing, when a module the suite needs is absent:
+    the ServerVenv fixture could not install it (no PyPI)."""
+    import importlib
+    import sys
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        print(f"SKIP: {', '.join(missing)} not installed (the ServerVenv fixture could not reach PyPI); "
+              f"python {sys.executable}", flush=True)
+        sys.exit(SKIP)
+
 
 KLEIN = os.environ["KLEIN_BIN"]
 TINY = os.environ["KLEIN_TINY_MODEL"]
@@ -16,25 +37,55 @@ ARTIFACTS = os.environ.get("KLEIN_TEST_ARTIFACTS", ".")
 
 
 class Server:
-    """`klein serve --port 0` on loopback; the port is read from its first line on stderr."""
+    """`klein serve --port 0` on loopback; the port is read from its first line on stderr. Its
+    stderr is read to the end by a thread (the server logs every request: an unread pipe would
+    fill and stall it); log() returns the lines so far."""
 
     def __init__(self, *args, wait_ready=True):
         self.proc = subprocess.Popen([KLEIN, "serve", "--model", TINY, "--port", "0", "--threads", "2", *args],
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        deadline = time.time() + 20
+        self._lines, self._cv = [], threading.Condition()
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
         self.port = None
-        while time.time() < deadline and self.port is None:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError("klein serve exited before listening")
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
-            if m:
-                self.port = int(m.group(1))
-        if self.port is None:
-            raise RuntimeError("klein serve did not print its port")
+        m = self.wait_log(r"listening on http://127\.0\.0\.1:(\d+)/", timeout=20)
+        if m is None:
+            raise RuntimeError("klein serve did not print its port:\n" + "".join(self.log()))
+        self.port = int(m.group(1))
         self.url = f"http://127.0.0.1:{self.port}"
         if wait_ready:
             self.wait_ready()
+
+    def _read_stderr(self):
+        for line in self.proc.stderr:
+            with self._cv:
+                self._lines.append(line)
+                self._cv.notify_all()
+        with self._cv:
+            self._lines.append(None)  # end of output
+            self._cv.notify_all()
+
+    def log(self):
+        with self._cv:
+            return [line for line in self._lines if line is not None]
+
+    def wait_log(self, pattern, timeout=10, start=0):
+        """The first match of `pattern` in a log line from line `start` on, waiting up to `timeout` s; None if none."""
+        deadline = time.time() + timeout
+        with self._cv:
+            i = start
+            while True:
+                while i < len(self._lines):
+                    if self._lines[i] is None:
+                        return None
+                    m = re.search(pattern, self._lines[i])
+                    if m:
+                        return m
+                    i += 1
+                left = deadline - time.time()
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
 
     def wait_ready(self, timeout=30):
         deadline = time.time() + timeout
@@ -76,7 +127,22 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._reader.join(timeout=10)
         self.proc.stderr.close()
+
+
+def job_events(url, job_id, headers=None, timeout=60):
+    """A /v1/jobs/{id}/events stream read to its end: (Content-Type, [(event name, data)])."""
+    req = urllib.request.Request(f"{url}/v1/jobs/{job_id}/events", headers=headers or {})
+    events, name = [], None
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+        return r.headers["Content-Type"], events
 
 
 def _json(raw):

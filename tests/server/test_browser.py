@@ -2,6 +2,10 @@
 load /, submit a prompt, wait for the image in the gallery, save a screenshot in the build
 folder; then drop a reference image on the page and generate an edit. Skips (exit 77) only when
 Chromium cannot start at all."""
+import serverlib
+
+serverlib.require("selenium")
+
 import base64
 import os
 import sys

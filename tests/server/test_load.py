@@ -2,6 +2,10 @@
 Every request is answered (an image or 429 with Retry-After), none is lost or mixed up (each
 image's PNG metadata carries its own request's prompt and seed), the queue never holds more
 than its limit, and memory stays flat (RSS after the run <= 1.1x RSS after the first request)."""
+import serverlib
+
+serverlib.require("openai")
+
 import os
 import base64
 import threading

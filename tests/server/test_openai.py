@@ -1,6 +1,10 @@
 """The official openai client against `klein serve` (tiny model): images.generate and images.edit
 unchanged (klein's seed/steps through extra_body), output formats, the job interface (SSE
 progress and previews, cancel) and the API key."""
+import serverlib
+
+serverlib.require("openai")
+
 import base64
 import json
 import unittest
@@ -8,7 +12,7 @@ import urllib.request
 
 import openai
 
-from serverlib import Server, png_size, png_text, tiny_png
+from serverlib import Server, job_events, png_size, png_text, tiny_png
 
 
 class OpenAIClient(unittest.TestCase):
@@ -60,6 +64,45 @@ class OpenAIClient(unittest.TestCase):
         meta = png_text(base64.b64decode(r.data[0].b64_json))
         self.assertEqual((meta["reference1"], meta["reference2"]), ("a.png", "b.png"))
 
+    def test_stream_generate(self):
+        # OpenAI's image streaming through the official client: partial images, then the image.
+        stream = self.client.images.generate(model="tiny", prompt="a fox", size="64x64", stream=True, partial_images=2,
+                                             extra_body={"seed": 21, "steps": 4})
+        events = list(stream)
+        self.assertEqual([e.type for e in events], ["image_generation.partial_image"] * 2 + ["image_generation.completed"])
+        self.assertEqual([e.partial_image_index for e in events[:2]], [0, 1])
+        for e in events:
+            png = base64.b64decode(e.b64_json)
+            self.assertEqual(png_size(png), (64, 64))
+            self.assertEqual((e.size, e.output_format), ("64x64", "png"))
+        # The streamed image is the one the plain endpoint gives for the same request.
+        plain = self.client.images.generate(prompt="a fox", size="64x64", extra_body={"seed": 21, "steps": 4})
+        self.assertEqual(events[-1].b64_json, plain.data[0].b64_json)
+        self.assertEqual(png_text(base64.b64decode(events[-1].b64_json))["seed"], "21")
+
+    def test_stream_without_partials_and_with_n(self):
+        events = list(self.client.images.generate(prompt="x", size="32x32", n=2, stream=True,
+                                                  extra_body={"seed": 4, "steps": 2, "output_format": "jpeg"}))
+        self.assertEqual([e.type for e in events], ["image_generation.completed"] * 2)
+        self.assertTrue(all(base64.b64decode(e.b64_json).startswith(b"\xff\xd8\xff") for e in events))
+        self.assertEqual(events[0].output_format, "jpeg")
+
+    def test_stream_edit(self):
+        events = list(self.client.images.edit(image=("photo.png", tiny_png(80, 64), "image/png"), prompt="night",
+                                               stream=True, partial_images=1, extra_body={"seed": 3, "steps": 2}))
+        self.assertEqual([e.type for e in events], ["image_edit.partial_image", "image_edit.completed"])
+        self.assertEqual(png_size(base64.b64decode(events[-1].b64_json)), (80, 64))
+
+    def test_stream_errors_are_raised(self):
+        # A bad request is refused before the stream starts ...
+        with self.assertRaises(openai.BadRequestError) as e:
+            list(self.client.images.generate(prompt="x", size="33x32", stream=True))
+        self.assertEqual(e.exception.body["param"], "size")
+        # ... one the engine refuses while running ends the stream with an error event.
+        with self.assertRaises(openai.APIError) as e:
+            list(self.client.images.edit(image=("small.png", tiny_png(64, 48), "image/png"), prompt="x", stream=True))
+        self.assertIn("small.png", str(e.exception))
+
     def test_output_formats(self):
         for fmt, magic in (("jpeg", b"\xff\xd8\xff"), ("webp", b"RIFF")):
             r = self.client.images.generate(prompt="x", size="32x32", extra_body={"steps": 1, "output_format": fmt})
@@ -83,20 +126,8 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(ids, ["tiny"])
 
     def _events(self, job_id):
-        req = urllib.request.Request(f"{self.srv.url}/v1/jobs/{job_id}/events",
-                                     headers={"Authorization": "Bearer test-key"})
-        events = []
-        with urllib.request.urlopen(req, timeout=60) as r:
-            self.assertEqual(r.headers["Content-Type"], "text/event-stream")
-            name = None
-            for raw in r:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    name = line[7:]
-                elif line.startswith("data: "):
-                    events.append((name, json.loads(line[6:])))
-                    if name in ("done", "error", "cancelled"):
-                        break
+        ctype, events = job_events(self.srv.url, job_id, headers={"Authorization": "Bearer test-key"})
+        self.assertEqual(ctype, "text/event-stream")
         return events
 
     def test_job_events(self):

@@ -13,7 +13,7 @@ namespace klein::cli {
 Command make_serve_command() {
   struct Opts {
     std::string model, memory = "resident", isa, precision = "fp32", backend = "auto";
-    int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0;
+    int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0, keep_results_mib = 256;
     double max_memory_gib = 0;
     server::ServerOptions s;
   };
@@ -35,6 +35,12 @@ Command make_serve_command() {
         ->check(CLI::Range(1, 4096));
     s->add_option("--max-size", o->s.limits.max_side, "Largest width or height a request may ask for (default 2048)")
         ->check(CLI::Range(16, 16384));
+    s->add_option("--keep-results", o->keep_results_mib,
+                  "MiB of finished /v1/jobs results kept for GET /v1/jobs/{id}, oldest dropped first; the newest is always kept (default 256)")
+        ->check(CLI::Range(0, 1 << 20));
+    s->add_option("--max-streams", o->s.max_watchers, "Event streams open on one job at once; more get 429 (default 8)")
+        ->check(CLI::Range(1, 1000));
+    s->add_flag("--verbose,-v", o->s.verbose, "Also log /health requests, client addresses and each job's end");
     s->add_option("--threads,-t", o->threads, "Worker threads of the engine (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
         ->check(CLI::IsMember({"low", "resident"}));
@@ -44,6 +50,10 @@ Command make_serve_command() {
     s->add_option("--vae-tile", o->vae_tile, "VAE tile size in image pixels, a multiple of 8 (default: automatic)")->check(CLI::Range(8, 8192));
     // Tests hold the loading state open to check what requests get meanwhile.
     s->add_option("--test-load-delay-ms", o->load_delay_ms)->group("")->check(CLI::Range(0, 600000));
+    // ... slow down building each job's final event (the window a stream must not end in), and
+    // make a job throw on the worker.
+    s->add_option("--test-finish-delay-ms", o->s.queue.test_finish_delay_ms)->group("")->check(CLI::Range(0, 600000));
+    s->add_option("--test-throw-prompt", o->s.queue.test_throw_prompt)->group("");
     return s;
   };
   c.run = [o]() -> int {
@@ -60,6 +70,7 @@ Command make_serve_command() {
     // The model loads in the background: a bad option must fail here, not in the first request.
     if (Status st = check_load_options_cli(so.queue.load); !st.ok()) return fail(st);
     so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
+    so.queue.keep_bytes = static_cast<size_t>(o->keep_results_mib) << 20;
     if (so.api_key.empty())
       if (const char* k = std::getenv("KLEIN_API_KEY")) so.api_key = k;
     if (o->model.empty())

@@ -1,9 +1,11 @@
 #include "jobs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <malloc.h>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 
 #include "base64.h"
 
@@ -46,22 +48,22 @@ const char* state_name(JobState s) {
 void Job::push_event(const std::string& event, const std::string& data) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back("event: " + event + "\ndata: " + data + "\n\n");
+    events_.push_back({event, data});
   }
   cv_.notify_all();
 }
 
-void Job::finish(JobState s, const ApiError* err) {
-  std::string ev;
+void Job::finish(JobState s, const ApiError* err, std::chrono::milliseconds test_delay) {
+  // The final event is built before the state changes, and both change under one lock: a
+  // stream that sees the job ended has its final event too (else it would close without it).
+  Event ev;
+  if (s == JobState::kSucceeded) ev = {"done", response_json()};
+  else ev = {s == JobState::kCancelled ? "cancelled" : "error", (err ? *err : error()).json()};
+  if (test_delay.count() > 0) std::this_thread::sleep_for(test_delay);
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_ = s;
     if (err) error_ = *err;
-  }
-  if (s == JobState::kSucceeded) ev = "event: done\ndata: " + response_json() + "\n\n";
-  else ev = "event: " + std::string(s == JobState::kCancelled ? "cancelled" : "error") + "\ndata: " + error().json() + "\n\n";
-  {
-    std::lock_guard<std::mutex> lock(mu_);
     events_.push_back(std::move(ev));
   }
   cv_.notify_all();
@@ -91,7 +93,8 @@ std::string Job::next_events(Cursor* c, std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, wait, [&] { return events_.size() > c->events || preview_seq_ > c->preview; });
   std::string out;
-  for (; c->events < events_.size(); ++c->events) out += events_[c->events];
+  for (; c->events < events_.size(); ++c->events)
+    out += "event: " + events_[c->events].name + "\ndata: " + events_[c->events].data + "\n\n";
   // Only the latest preview: a stream that joins late (or reads slowly) gets the newest picture,
   // not every one. After the job ends it is stale.
   if (preview_seq_ > c->preview) {
@@ -100,6 +103,36 @@ std::string Job::next_events(Cursor* c, std::chrono::milliseconds wait) {
   }
   c->ended = state_ != JobState::kQueued && state_ != JobState::kRunning && c->events == events_.size();
   return out;
+}
+
+std::vector<Job::Event> Job::next_raw(Cursor* c, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return events_.size() > c->events; });
+  std::vector<Event> out(events_.begin() + static_cast<std::ptrdiff_t>(c->events), events_.end());
+  c->events = events_.size();
+  c->ended = state_ != JobState::kQueued && state_ != JobState::kRunning;
+  return out;
+}
+
+std::string Job::completed_events(const std::string& type) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  const json usage = {{"input_tokens", 0}, {"output_tokens", 0}, {"total_tokens", 0},
+                      {"input_tokens_details", {{"image_tokens", 0}, {"text_tokens", 0}}}};
+  for (const JobImage& im : images_)
+    out += "event: " + type + ".completed\ndata: " +
+           dump({{"type", type + ".completed"}, {"b64_json", im.b64}, {"created_at", created}, {"background", "opaque"},
+                 {"output_format", spec.format_name}, {"quality", "auto"},
+                 {"size", std::to_string(width_) + "x" + std::to_string(height_)}, {"usage", usage}, {"seed", im.seed}}) +
+           "\n\n";
+  return out;
+}
+
+size_t Job::result_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const JobImage& im : images_) n += im.b64.size();
+  return n;
 }
 
 std::string Job::response_json() const {
@@ -136,10 +169,12 @@ JobQueue::~JobQueue() {
   if (worker_.joinable()) worker_.join();
 }
 
-void JobQueue::start(std::function<void(const Status&)> on_load_error) {
-  worker_ = std::thread([this, on_load_error] {
+void JobQueue::start(std::function<void(const Status&)> on_load_error, std::function<void(double)> on_ready) {
+  worker_ = std::thread([this, on_load_error, on_ready] {
+    const auto t0 = std::chrono::steady_clock::now();
     if (opt_.test_load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.test_load_delay_ms));
     auto m = Model::open(opt_.model_dir, opt_.load);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (m.ok()) {
@@ -153,6 +188,7 @@ void JobQueue::start(std::function<void(const Status&)> on_load_error) {
       if (on_load_error) on_load_error(m.status());
       return;
     }
+    if (on_ready) on_ready(load_s);
     run();
   });
 }
@@ -203,17 +239,34 @@ std::shared_ptr<Job> JobQueue::submit(JobSpec spec, bool keep, bool previews, Ap
   if (keep) {
     kept_[job->id] = job;
     kept_order_.push_back(job->id);
-    // Forget the oldest finished jobs beyond keep_finished (a running or queued one stays).
-    while (static_cast<int>(kept_order_.size()) > opt_.keep_finished + opt_.max_queue + 1) {
-      auto it = kept_.find(kept_order_.front());
-      if (it != kept_.end() && !it->second->done()) break;
-      if (it != kept_.end()) kept_.erase(it);
-      kept_order_.pop_front();
-    }
+    prune_kept_locked();
   }
   lock.unlock();
   cv_.notify_all();
   return job;
+}
+
+void JobQueue::prune_kept_locked() {
+  // Finished jobs beyond keep_finished, or whose results together pass keep_bytes, are
+  // forgotten oldest first; queued and running ones stay, and so does the newest finished one
+  // (its client has had no chance to fetch it yet). One snapshot of which jobs are finished:
+  // the worker may finish one meanwhile.
+  std::vector<std::pair<std::string, size_t>> finished;  // id, result bytes; oldest first
+  size_t bytes = 0;
+  for (const std::string& id : kept_order_) {
+    auto k = kept_.find(id);
+    if (k == kept_.end() || !k->second->done()) continue;
+    finished.emplace_back(id, k->second->result_bytes());
+    bytes += finished.back().second;
+  }
+  for (size_t i = 0; i + 1 < finished.size(); ++i) {
+    if (finished.size() - i <= static_cast<size_t>(opt_.keep_finished) && bytes <= opt_.keep_bytes) break;
+    bytes -= finished[i].second;
+    kept_.erase(finished[i].first);
+  }
+  kept_order_.erase(std::remove_if(kept_order_.begin(), kept_order_.end(),
+                                   [&](const std::string& id) { return kept_.count(id) == 0; }),
+                    kept_order_.end());
 }
 
 std::shared_ptr<Job> JobQueue::find(const std::string& id) const {
@@ -256,16 +309,30 @@ void JobQueue::run() {
       running_ = job;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    execute(*job);
+    try {
+      execute(*job);
+    } catch (...) {
+      // Nothing in a job may take the worker down: the job fails (500), the queue goes on.
+      // finish() again is harmless if the job had already ended; its own allocation is small.
+      if (!job->done()) {
+        const ApiError e{500, "internal error while running the job", "server_error", "", "internal_error"};
+        try {
+          job->finish(JobState::kFailed, &e);
+        } catch (...) {
+        }
+      }
+    }
     // A job frees everything it allocated; give it back so the server's RSS is the model's plus
     // a constant, not the high-water mark of the largest request so far.
     malloc_trim(0);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (opt_.on_job_end) opt_.on_job_end(*job, s);
     std::lock_guard<std::mutex> lock(mu_);
     avg_job_s_ = 0.7 * avg_job_s_ + 0.3 * s;
     running_.reset();
     const JobState end = job->state();
     ++(end == JobState::kSucceeded ? counts_.succeeded : end == JobState::kCancelled ? counts_.cancelled : counts_.failed);
+    prune_kept_locked();
   }
 }
 
@@ -276,6 +343,11 @@ void JobQueue::execute(Job& job) {
     job.state_ = JobState::kRunning;
   }
   job.push_event("started", dump({{"id", job.id}, {"n", spec.n}}));
+  if (!opt_.test_throw_prompt.empty() && spec.prompt == opt_.test_throw_prompt)
+    throw std::runtime_error("test failure injected by --test-throw-prompt");
+  const std::chrono::milliseconds finish_delay(opt_.test_finish_delay_ms);
+  // OpenAI's stream types: image_generation.* for generations, image_edit.* for edits.
+  const std::string stream_type = spec.references.empty() ? "image_generation" : "image_edit";
   std::vector<JobImage> images;
   for (int i = 0; i < spec.n; ++i) {
     GenerateRequest req;
@@ -311,17 +383,33 @@ void JobQueue::execute(Job& job) {
         }
         job.cv_.notify_all();
       };
+    } else if (spec.stream && spec.partial_images > 0) {
+      cb.preview = [&, i, sent = 0](int step, int total, const Image& img) mutable {
+        // partial_images previews spread evenly over the steps: preview k (0-based) once
+        // step ≥ (k+1)·total/(partial_images+1), rounded up; fewer when there are fewer steps.
+        const int k = sent;
+        if (k >= spec.partial_images || step * (spec.partial_images + 1) < (k + 1) * total) return;
+        ++sent;
+        auto file = encode_image(img, spec.format, {}, spec.quality);
+        if (!file.ok()) return;
+        job.push_event("partial", dump({{"type", stream_type + ".partial_image"}, {"b64_json", base64_encode(*file)},
+                                        {"partial_image_index", k}, {"created_at", job.created},
+                                        {"background", "opaque"}, {"output_format", spec.format_name},
+                                        {"quality", "auto"},
+                                        {"size", std::to_string(img.width) + "x" + std::to_string(img.height)},
+                                        {"image", i}, {"step", step}, {"total", total}}));
+      };
     }
     auto r = model_->generate(req, cb);
     if (!r.ok()) {
       const ApiError e = from_status(r.status(), spec.references.empty() ? "" : "image");
-      job.finish(r.status().code() == Code::kCancelled ? JobState::kCancelled : JobState::kFailed, &e);
+      job.finish(r.status().code() == Code::kCancelled ? JobState::kCancelled : JobState::kFailed, &e, finish_delay);
       return;
     }
     auto file = encode_image(r->image, spec.format, r->metadata, spec.quality);
     if (!file.ok()) {
       const ApiError e = from_status(file.status());
-      job.finish(JobState::kFailed, &e);
+      job.finish(JobState::kFailed, &e, finish_delay);
       return;
     }
     images.push_back({base64_encode(*file), req.seed});
@@ -334,7 +422,7 @@ void JobQueue::execute(Job& job) {
     std::lock_guard<std::mutex> lock(job.mu_);
     job.images_ = std::move(images);
   }
-  job.finish(JobState::kSucceeded, nullptr);
+  job.finish(JobState::kSucceeded, nullptr, finish_delay);
 }
 
 }  // namespace klein::server

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,10 @@ class Job {
                               std::chrono::system_clock::now().time_since_epoch()).count();
   std::atomic<bool> cancel_requested{false};
 
+  // One event of the job: an SSE event name and its JSON data.
+  struct Event {
+    std::string name, data;
+  };
   // SSE cursor: how much of this job a stream has sent.
   struct Cursor {
     size_t events = 0;
@@ -46,6 +51,10 @@ class Job {
   };
   // Waits up to `wait` for anything past `cursor`; returns it as SSE text ("" if nothing new).
   std::string next_events(Cursor* cursor, std::chrono::milliseconds wait);
+  // The same without the latest-only preview, as events (for the OpenAI image stream).
+  std::vector<Event> next_raw(Cursor* cursor, std::chrono::milliseconds wait);
+  // OpenAI's `<type>.completed` SSE events, one per image (a succeeded job).
+  std::string completed_events(const std::string& type) const;
   // Waits up to `wait` for the job to end; true if it has.
   bool wait_done(std::chrono::milliseconds wait);
   bool done() const;
@@ -54,15 +63,20 @@ class Job {
   std::string response_json() const;
   ApiError error() const;
   std::string status_json() const;
+  // Bytes of the result held (the base64 images), for the finished-jobs budget.
+  size_t result_bytes() const;
+  // Event streams following this job (bounded per job: each holds an HTTP thread).
+  std::atomic<int> watchers{0};
 
  private:
   friend class JobQueue;
   void push_event(const std::string& event, const std::string& data);
-  void finish(JobState s, const ApiError* err);
+  // Ends the job: its final event (done / error / cancelled) and state appear together.
+  void finish(JobState s, const ApiError* err, std::chrono::milliseconds test_delay = {});
   mutable std::mutex mu_;
   std::condition_variable cv_;
   JobState state_ = JobState::kQueued;
-  std::vector<std::string> events_;  // SSE text, in order (previews are not kept here: only the latest)
+  std::vector<Event> events_;  // in order (previews are not kept here: only the latest)
   std::string preview_event_;
   uint64_t preview_seq_ = 0;
   std::vector<JobImage> images_;
@@ -75,7 +89,14 @@ struct QueueOptions {
   LoadOptions load;
   int max_queue = 16;          // jobs waiting (not counting the one running)
   int keep_finished = 32;      // finished /v1/jobs jobs kept for GET after they end
-  int test_load_delay_ms = 0;  // tests: hold the "loading" state this long
+  // ... and at most this many bytes of their results (base64 images), oldest dropped first;
+  // the newest finished job is kept whatever its size.
+  size_t keep_bytes = size_t{256} << 20;
+  int test_load_delay_ms = 0;    // tests: hold the "loading" state this long
+  int test_finish_delay_ms = 0;  // tests: time taken building each job's final event
+  std::string test_throw_prompt; // tests: a job with this prompt throws on the worker
+  // Called on the worker when a job ends (-v logging); may be empty.
+  std::function<void(const Job&, double seconds)> on_job_end;
 };
 
 class JobQueue {
@@ -84,7 +105,8 @@ class JobQueue {
   ~JobQueue();
   // Opens the model on the worker thread, then runs jobs. `on_load_error` is called (on the
   // worker) if the model cannot be opened.
-  void start(std::function<void(const Status&)> on_load_error);
+  // `on_ready` (optional) is called there once it is open, with the seconds the load took.
+  void start(std::function<void(const Status&)> on_load_error, std::function<void(double)> on_ready = {});
 
   enum class Health { kLoading, kReady, kBusy, kFailed };
   Health health() const;
@@ -108,6 +130,7 @@ class JobQueue {
  private:
   void run();
   void execute(Job& job);
+  void prune_kept_locked();
   QueueOptions opt_;
   std::unique_ptr<Model> model_;
   std::thread worker_;

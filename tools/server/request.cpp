@@ -12,10 +12,9 @@ using nlohmann::json;
 
 // Fields of OpenAI's Images API that do not change klein's output (model choice, style hints,
 // moderation, user ids) are accepted and ignored; anything else unknown is an error.
-const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user",
-                                        "input_fidelity", "partial_images", "stream"};
+const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user"};
 const std::set<std::string> kKnown = {"prompt", "n", "size", "response_format", "seed", "steps", "output_format",
-                                      "output_compression"};
+                                      "output_compression", "stream", "partial_images", "input_fidelity"};
 
 // An integer field: a JSON integer, or (from a form) decimal text.
 std::optional<ApiError> get_uint(const json& v, const std::string& name, uint64_t lo, uint64_t hi, uint64_t* out) {
@@ -96,6 +95,19 @@ std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpe
         return invalid(key, "response_format 'url' is not supported by klein serve (images are not stored); use 'b64_json'",
                        "unsupported_value");
       if (f != "b64_json") return invalid(key, "'response_format' must be 'b64_json'");
+    } else if (key == "stream") {
+      // A JSON boolean, or (from a form, as the openai client sends it) "true" / "false".
+      const std::string t = v.is_string() ? v.get<std::string>() : "";
+      if (v.is_boolean()) out->stream = v.get<bool>();
+      else if (t == "true" || t == "false") out->stream = t == "true";
+      else return invalid(key, "'stream' must be true or false");
+    } else if (key == "partial_images") {
+      if (auto e = get_uint(v, key, 0, 3, &x)) return e;
+      out->partial_images = static_cast<int>(x);
+    } else if (key == "input_fidelity") {
+      // OpenAI's knob for how closely an edit keeps the input's features: klein has no such
+      // control, and accepting it would promise a difference that never happens.
+      return invalid(key, "'input_fidelity' is not supported by klein serve; omit it", "unsupported_value");
     } else if (key == "output_format") {
       const std::string f = v.is_string() ? v.get<std::string>() : "";
       if (f == "png") out->format = ImageFileFormat::kPng;
@@ -106,6 +118,8 @@ std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpe
     }
   }
   if (!have_prompt) return invalid("prompt", "'prompt' is required", "missing_required_parameter");
+  if (out->partial_images > 0 && !out->stream)
+    return invalid("partial_images", "'partial_images' needs 'stream': true", "invalid_value");
   return std::nullopt;
 }
 
@@ -140,6 +154,41 @@ std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, c
   if (need_image && out->references.empty())
     return invalid("image", "at least one 'image' part is required", "missing_required_parameter");
   return apply_fields(fields, limits, out);
+}
+
+ApiError body_too_large(size_t max_body_bytes) {
+  return {413, "the request body is larger than " + std::to_string(max_body_bytes >> 20) + " MiB",
+          "invalid_request_error", "", "request_too_large"};
+}
+
+std::optional<ApiError> check_content_length(const std::vector<std::string>& values, bool transfer_encoding,
+                                             size_t max_body_bytes) {
+  if (transfer_encoding && !values.empty())
+    return ApiError{400, "both Content-Length and Transfer-Encoding given", "invalid_request_error", "",
+                    "malformed_request"};
+  const auto bad = [](const std::string& v) {
+    return ApiError{400, "bad Content-Length header: \"" + v.substr(0, 40) + "\" (a decimal byte count expected)",
+                    "invalid_request_error", "", "malformed_request"};
+  };
+  for (const std::string& v : values) {
+    uint64_t n = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    // from_chars takes a leading '-' for unsigned types as an error, and reports overflow.
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size()) return bad(v);
+    if (v != values.front()) return ApiError{400, "conflicting Content-Length headers", "invalid_request_error", "",
+                                             "malformed_request"};
+    if (n > max_body_bytes) return body_too_large(max_body_bytes);
+  }
+  return std::nullopt;
+}
+
+bool bearer_matches(const std::string& authorization, const std::string& key) {
+  const std::string want = "Bearer " + key;
+  // Constant time in the key's length: no timing hint about how much of a guess was right.
+  unsigned diff = authorization.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i)
+    diff |= static_cast<unsigned>(want[i] ^ (i < authorization.size() ? authorization[i] : 0));
+  return diff == 0;
 }
 
 }  // namespace klein::server

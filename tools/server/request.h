@@ -1,7 +1,7 @@
 // An image request as the server runs it (JobSpec), parsed and validated from OpenAI Images API
 // bodies: JSON (generations) or multipart/form-data (edits, with `image` / `image[]` parts).
 // Unknown fields are rejected (400, code "unknown_parameter"), as OpenAI's API does, so a typo
-// never silently changes nothing.
+// never silently changes nothing; so are OpenAI fields klein cannot honour (input_fidelity).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,10 @@ struct JobSpec {
   std::string format_name = "png";
   int quality = 90;  // JPEG / WebP
   std::vector<ReferenceImage> references;
+  // OpenAI image streaming: the endpoint answers with SSE, `partial_images` (0..3) previews per
+  // image then one completed event per image.
+  bool stream = false;
+  int partial_images = 0;
 };
 
 struct Limits {
@@ -47,5 +51,18 @@ struct FormPart {
 // references (at least one when `need_image`).
 std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
                                            uint64_t random_seed, bool need_image, JobSpec* out);
+
+// 413 for a body over the limit.
+ApiError body_too_large(size_t max_body_bytes);
+
+// The Content-Length header values of a request (normally one). Decimal digits only, all equal,
+// at most `max_body_bytes`, and not beside a Transfer-Encoding (two framings: which one a proxy
+// in front used is unknown): anything else is answered at once (400, or 413 when too large)
+// instead of waiting for a body that will never match.
+std::optional<ApiError> check_content_length(const std::vector<std::string>& values, bool transfer_encoding,
+                                             size_t max_body_bytes);
+
+// "Authorization: Bearer <key>" against the key, in time independent of how much matches.
+bool bearer_matches(const std::string& authorization, const std::string& key);
 
 }  // namespace klein::server

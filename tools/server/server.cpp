@@ -5,9 +5,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <sys/socket.h>
+
 #include <cstdio>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <system_error>
 
 #include "client_socket.h"
 #include "klein/klein.h"
@@ -20,10 +24,85 @@ namespace {
 
 using nlohmann::json;
 
+// What the request log line says about the request being served on this thread: httplib calls
+// the pre-routing handler, the route and the logger on the connection's thread, in that order.
+struct RequestLog {
+  std::chrono::steady_clock::time_point start{};
+  std::string job, size, code;
+  int n = 0, steps = -1;
+  bool close_after = false;  // the framing of the rest of the connection is unknown: close it
+};
+thread_local RequestLog t_log;
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.http;
   res.set_content(e.json(), "application/json");
+  t_log.code = e.code;
 }
+
+// httplib's ThreadPool has a fixed size and a connection holds its thread until it closes, so a
+// few dozen clients that open connections and send half a request (or nothing) would starve
+// everyone else for the whole read timeout. This pool keeps `base` threads and grows to `max`
+// while all are busy; the extra threads leave after a while idle.
+class ConnectionPool : public httplib::TaskQueue {
+ public:
+  ConnectionPool(size_t base, size_t max) : s_(std::make_shared<State>()), base_(base), max_(max) {}
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->tasks.push_back(std::move(fn));
+    // An idle thread may already be promised to an earlier task it has not taken yet: a new
+    // thread unless there are more idle threads than waiting tasks.
+    if (s_->tasks.size() <= s_->idle || s_->threads >= max_) {
+      s_->cv.notify_one();
+      return;
+    }
+    ++s_->threads;
+    try {
+      // The thread holds the state, so its last unlock never touches a destroyed pool.
+      std::thread([s = s_, base = base_] { work(s, base); }).detach();
+    } catch (const std::system_error&) {
+      // No thread to be had (a process or memory limit): the task waits for a running one.
+      --s_->threads;
+      s_->cv.notify_one();
+    }
+  }
+  void shutdown() override {
+    std::unique_lock<std::mutex> lock(s_->mu);
+    s_->stop = true;
+    s_->cv.notify_all();
+    s_->gone.wait(lock, [&] { return s_->threads == 0; });
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv, gone;
+    std::deque<std::function<void()>> tasks;
+    size_t threads = 0, idle = 0;
+    bool stop = false;
+  };
+  static void work(const std::shared_ptr<State>& s, size_t base) {
+    std::unique_lock<std::mutex> lock(s->mu);
+    for (;;) {
+      ++s->idle;
+      const bool woke = s->cv.wait_for(lock, std::chrono::seconds(10), [&] { return s->stop || !s->tasks.empty(); });
+      --s->idle;
+      if (s->tasks.empty()) {
+        if (s->stop || (!woke && s->threads > base)) break;
+        continue;
+      }
+      auto fn = std::move(s->tasks.front());
+      s->tasks.pop_front();
+      lock.unlock();
+      fn();  // httplib's connection handler: it catches what its handlers throw
+      lock.lock();
+    }
+    --s->threads;
+    s->gone.notify_all();
+  }
+  std::shared_ptr<State> s_;
+  const size_t base_, max_;
+};
 
 void send_busy(httplib::Response& res, const ApiError& e, int retry_after_s) {
   res.set_header("Retry-After", std::to_string(retry_after_s));
@@ -62,14 +141,17 @@ class Service {
   void routes(httplib::Server& svr) {
     svr.set_payload_max_length(opt_.max_body_bytes);
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      return authorize(req, res) ? httplib::Server::HandlerResponse::Unhandled : httplib::Server::HandlerResponse::Handled;
+      t_log = RequestLog{};
+      t_log.start = std::chrono::steady_clock::now();
+      return framing_ok(req, res) && authorize(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                                         : httplib::Server::HandlerResponse::Handled;
     });
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) { log_request(req, res); });
     // The library's own refusals (413 too large, 400 unparsable, 404) get OpenAI's error shape too.
     svr.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 413)
-        send_error(res, {413, "the request body is larger than " + std::to_string(opt_.max_body_bytes >> 20) + " MiB",
-                         "invalid_request_error", "", "request_too_large"});
+        send_error(res, body_too_large(opt_.max_body_bytes));
       else if (res.status == 404)
         send_error(res, {404, "no such endpoint", "invalid_request_error", "", "not_found"});
       else
@@ -104,14 +186,56 @@ class Service {
   JobQueue& queue() { return queue_; }
 
  private:
+  // httplib would wait for a body of a negative or 23-digit length until the read timeout (and
+  // read a too-large one to the end before its 413): such a request is answered at once, and
+  // the connection closed after the answer, since where its next request starts is unknown.
+  bool framing_ok(const httplib::Request& req, httplib::Response& res) {
+    std::vector<std::string> lengths;
+    for (auto [it, end] = req.headers.equal_range("Content-Length"); it != end; ++it) lengths.push_back(it->second);
+    if (lengths.empty()) return true;
+    auto e = check_content_length(lengths, req.has_header("Transfer-Encoding"), opt_.max_body_bytes);
+    if (!e) return true;
+    send_error(res, *e);
+    res.set_header("Connection", "close");
+    t_log.close_after = true;
+    return false;
+  }
+
+  void log_request(const httplib::Request& req, const httplib::Response& res) {
+    RequestLog l = std::move(t_log);
+    t_log = RequestLog{};
+    if (l.close_after) {
+      // The answer is written: end the connection (httplib would read on for the next request).
+      const int fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
+    // Health probes come every few seconds from monitors: only with -v, unless they fail.
+    if (!opt_.verbose && req.path == "/health" && res.status < 400) return;
+    // The method and path come from the client, decoded: no control characters into the log.
+    const auto printable = [](std::string t) {
+      if (t.empty()) return std::string("?");
+      if (t.size() > 200) t.resize(200);
+      for (char& c : t)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+      return t;
+    };
+    std::string line = "klein serve: " + printable(req.method) + " " + printable(req.path) + " " + std::to_string(res.status);
+    if (!l.job.empty())
+      line += " " + l.job + " size=" + l.size + " n=" + std::to_string(l.n) + " steps=" +
+              (l.steps > 0 ? std::to_string(l.steps) : std::string("default"));
+    if (l.start != std::chrono::steady_clock::time_point{}) {
+      char t[32];
+      std::snprintf(t, sizeof t, " %.3fs", std::chrono::duration<double>(std::chrono::steady_clock::now() - l.start).count());
+      line += t;
+    }
+    if (!l.code.empty()) line += " " + l.code;
+    if (opt_.verbose) line += " from " + req.remote_addr + ":" + std::to_string(req.remote_port);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
   bool authorize(const httplib::Request& req, httplib::Response& res) {
     if (opt_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return true;
-    const std::string want = "Bearer " + opt_.api_key;
-    const std::string got = req.get_header_value("Authorization");
-    // Constant time in the key's length: no timing hint about how much of a guess was right.
-    unsigned diff = got.size() != want.size();
-    for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned>(want[i] ^ (i < got.size() ? got[i] : 0));
-    if (diff == 0) return true;
+    if (bearer_matches(req.get_header_value("Authorization"), opt_.api_key)) return true;
     send_error(res, {401, "missing or wrong API key (Authorization: Bearer ...)", "invalid_request_error", "", "invalid_api_key"});
     return false;
   }
@@ -136,9 +260,18 @@ class Service {
       send_error(res, *e);
       return nullptr;
     }
+    if (keep && spec.stream) {
+      send_error(res, invalid("stream", "/v1/jobs streams through GET /v1/jobs/{id}/events; 'stream' is for "
+                                        "/v1/images/generations and /v1/images/edits"));
+      return nullptr;
+    }
+    t_log.size = spec.width ? std::to_string(spec.width) + "x" + std::to_string(spec.height) : "auto";
+    t_log.n = spec.n;
+    t_log.steps = spec.steps;
     ApiError err;
     auto job = queue_.submit(std::move(spec), keep, keep, &err);
     if (!job) send_busy(res, err, queue_.retry_after_s());
+    else t_log.job = job->id;
     return job;
   }
 
@@ -147,12 +280,52 @@ class Service {
   void sync(const httplib::Request& req, httplib::Response& res, bool edit) {
     auto job = queue_request(req, res, edit, false);
     if (!job) return;
+    if (job->spec.stream) return stream(res, job, edit ? "image_edit" : "image_generation");
     const int fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
     while (!job->wait_done(std::chrono::milliseconds(50))) {
       if (fd >= 0 && !job->cancel_requested && peer_closed(fd)) queue_.cancel(job);
     }
     if (job->state() == JobState::kSucceeded) res.set_content(job->response_json(), "application/json");
     else send_error(res, job->error());
+  }
+
+  // An event stream of `job`: `next` turns what happened since the cursor into SSE text.
+  // Closing the stream before the job ends cancels it; `on_close` (optional) runs when it ends.
+  void sse(httplib::Response& res, const std::shared_ptr<Job>& job,
+           std::function<std::string(Job::Cursor*)> next, std::function<void()> on_close = {}) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    auto cursor = std::make_shared<Job::Cursor>();
+    JobQueue* q = &queue_;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [cursor, next = std::move(next)](size_t, httplib::DataSink& sink) {
+          std::string out = next(cursor.get());
+          // A comment line when nothing happened: writing is how a closed stream is noticed.
+          if (out.empty()) out = ": waiting\n\n";
+          if (!sink.write(out.data(), out.size())) return false;
+          if (cursor->ended) sink.done();
+          return true;
+        },
+        [job, cursor, q, on_close = std::move(on_close)](bool) {
+          if (on_close) on_close();
+          if (!cursor->ended && !job->done()) q->cancel(job);
+        });
+  }
+
+  // OpenAI's image streaming: `<type>.partial_image` events as the job makes them, then one
+  // `<type>.completed` per image, or an `error` event ({"error": ...}, which the openai client
+  // raises).
+  void stream(httplib::Response& res, const std::shared_ptr<Job>& job, const std::string& type) {
+    sse(res, job, [job, type](Job::Cursor* cursor) {
+      std::string out;
+      for (const Job::Event& e : job->next_raw(cursor, std::chrono::milliseconds(250))) {
+        if (e.name == "partial") out += "event: " + type + ".partial_image\ndata: " + e.data + "\n\n";
+        else if (e.name == "done") out += job->completed_events(type);
+        else if (e.name == "error" || e.name == "cancelled") out += "event: error\ndata: " + e.data + "\n\n";
+      }
+      return out;
+    });
   }
 
   void submit(const httplib::Request& req, httplib::Response& res) {
@@ -176,23 +349,19 @@ class Service {
   void events(const httplib::Request& req, httplib::Response& res) {
     auto job = job_or_404(req, res);
     if (!job) return;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    auto cursor = std::make_shared<Job::Cursor>();
-    JobQueue* q = &queue_;
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [job, cursor](size_t, httplib::DataSink& sink) {
-          std::string out = job->next_events(cursor.get(), std::chrono::milliseconds(250));
-          // A comment line when nothing happened: writing is how a closed stream is noticed.
-          if (out.empty()) out = ": waiting\n\n";
-          if (!sink.write(out.data(), out.size())) return false;
-          if (cursor->ended) sink.done();
-          return true;
-        },
-        [job, cursor, q](bool success) {
-          if (!cursor->ended && !job->done()) q->cancel(job);
-        });
+    // Each stream holds an HTTP thread until the job ends: a bounded number per job.
+    if (job->watchers.fetch_add(1) >= opt_.max_watchers) {
+      job->watchers.fetch_sub(1);
+      send_busy(res,
+                {429, "job " + job->id + " already has " + std::to_string(opt_.max_watchers) + " event streams open",
+                 "rate_limit_error", "", "too_many_streams"},
+                1);
+      return;
+    }
+    t_log.job = job->id;
+    sse(
+        res, job, [job](Job::Cursor* cursor) { return job->next_events(cursor, std::chrono::milliseconds(250)); },
+        [job] { job->watchers.fetch_sub(1); });
   }
 
   ServerOptions opt_;
@@ -215,12 +384,24 @@ int serve(const ServerOptions& o) {
 
   httplib::Server svr;
   const size_t pool = static_cast<size_t>(o.threads_http);
-  svr.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
+  svr.new_task_queue = [pool] { return new ConnectionPool(pool, std::max(pool, kMaxConnectionThreads)); };
+  // httplib's default sets SO_REUSEPORT, with which a second server on a busy port binds too and
+  // the kernel splits connections between them: plain SO_REUSEADDR makes a busy port an error.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
   // An idle keep-alive connection holds a thread, and shutdown waits for it: keep that short.
   svr.set_keep_alive_timeout(2);
-  Service service(o);
+  ServerOptions so = o;
+  if (o.verbose)
+    so.queue.on_job_end = [](const Job& job, double seconds) {
+      std::fprintf(stderr, "klein serve: job %s %s after %.3f s on the worker\n", job.id.c_str(), state_name(job.state()),
+                   seconds);
+    };
+  Service service(so);
   service.routes(svr);
   int port = o.port;
   if (port == 0) {
@@ -242,17 +423,23 @@ int serve(const ServerOptions& o) {
     while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     svr.stop();
   });
-  service.queue().start([&](const Status& s) {
-    std::fprintf(stderr, "klein: serve: %s\n", s.to_string().c_str());
-    exit_code = 1;
-    // stop() does nothing before listen has started: wait for it (a model can fail at once).
-    while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    svr.stop();
-  });
   const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
   std::fprintf(stderr, "klein serve: listening on http://%s:%d/ (model %s loading)%s\n", o.host.c_str(), port,
                o.queue.model_dir.c_str(), loopback ? "" : " — reachable from other machines");
   std::fflush(stderr);
+  const std::string address = "http://" + o.host + ":" + std::to_string(port) + "/";
+  service.queue().start(
+      [&](const Status& s) {
+        std::fprintf(stderr, "klein: serve: %s\n", s.to_string().c_str());
+        exit_code = 1;
+        // stop() does nothing before listen has started: wait for it (a model can fail at once).
+        while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        svr.stop();
+      },
+      [&service, &o, address](double load_s) {
+        std::fprintf(stderr, "klein serve: ready: model %s (%s) on %s, loaded in %.2f s\n",
+                     service.queue().model_name().c_str(), o.queue.model_dir.c_str(), address.c_str(), load_s);
+      });
   svr.listen_after_bind();
   finished = true;
   pthread_kill(on_signal.native_handle(), SIGTERM);  // blocked everywhere: only sigwait takes it
