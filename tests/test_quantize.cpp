@@ -15,6 +15,7 @@
 #include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
 #include "klein/klein.h"
+#include "corrupt.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -438,6 +439,41 @@ TEST(Quantize, AFailureLeavesNothingBehind) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("diffusion_pytorch_model.safetensors"), std::string::npos) << st.message();
   for (const auto& e : fs::directory_iterator(d)) EXPECT_EQ(e.path().filename(), "in") << e.path();
+}
+
+// A Hugging Face snapshot is a folder of links into a blob store elsewhere: the copy follows them
+// but keeps the folder's own layout, and writes nothing outside OUT (it once resolved each link's
+// path first, so the copies went beside the blobs).
+TEST(Quantize, LinkedFilesAreCopiedUnderTheOutput) {
+  const fs::path d = klein::testing::make_temp_dir("quant_links");
+  fs::copy(klein::testing::tiny_model_dir(), d / "blobs", fs::copy_options::recursive);
+  size_t blob_files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d / "blobs")) {
+    const fs::path rel = e.path().lexically_relative(d / "blobs");
+    if (e.is_directory()) {
+      fs::create_directories(d / "snapshot" / rel);
+    } else {
+      fs::create_symlink(e.path(), d / "snapshot" / rel);
+      ++blob_files;
+    }
+  }
+  QuantizeOptions o;
+  o.model = (d / "snapshot").string() + "/";
+  o.output = (d / "out").string();
+  o.type = "q8";
+  const Status st = quantize_model(o);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  size_t after = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d / "blobs")) after += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(after, blob_files) << "a file was written into the blob store";
+  for (const char* f : {"model_index.json", "scheduler/scheduler_config.json", "tokenizer/tokenizer.json",
+                        "vae/diffusion_pytorch_model.safetensors", "transformer/config.json",
+                        "text_encoder/model.safetensors"}) {
+    EXPECT_TRUE(fs::is_regular_file(d / "out" / f)) << f;
+    EXPECT_FALSE(fs::is_symlink(d / "out" / f)) << f;
+  }
+  EXPECT_EQ(klein::testing::slurp_file(d / "out" / "model_index.json"),
+            klein::testing::slurp_file(d / "blobs" / "model_index.json"));
 }
 
 TEST(Quantize, CliWritesAFolderThatGenerates) {

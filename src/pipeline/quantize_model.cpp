@@ -323,6 +323,12 @@ Status quantize_component(Context& cx, const std::string& cname, const fs::path&
   return Status::Ok();
 }
 
+// `p` without "." / ".." parts or a trailing separator: the folder the paths below it start with.
+fs::path folder_base(const fs::path& p) {
+  fs::path b = p.lexically_normal();
+  return b.has_filename() ? b : b.parent_path();
+}
+
 bool is_weight_file(const fs::path& p) {
   const std::string f = p.filename().string();
   return f.ends_with(".safetensors") || f.ends_with(".safetensors.index.json") || f == "config.json";
@@ -332,10 +338,13 @@ bool is_weight_file(const fs::path& p) {
 // its blob store), leaving out the weight files and config of the quantized components.
 Status copy_tree(const fs::path& in, const fs::path& out, const std::vector<fs::path>& rewritten) {
   std::error_code ec;
+  const fs::path base = folder_base(in);
   for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    const fs::path rel = fs::relative(it->path(), in, ec);
-    if (ec) break;
+    // Lexically: fs::relative resolves links, and a linked file's target (a blob store) is not
+    // under `in`, which would put its copy outside `out`.
+    const fs::path rel = it->path().lexically_relative(base);
+    if (rel.empty() || *rel.begin() == "..") return internal_error(it->path().string() + ": not under " + in.string());
     const fs::path dst = out / rel;
     if (it->is_directory(ec)) {
       fs::create_directories(dst, ec);
@@ -439,7 +448,7 @@ Status quantize_model_folder(const QuantizeSpec& spec) {
     for (const auto& c : comps) rewritten.push_back(c.second);
     KLEIN_RETURN_IF_ERROR(copy_tree(spec.input, tmp, rewritten));
     for (const auto& [name, dir] : comps) {
-      const fs::path out = tmp / fs::relative(dir, spec.input);
+      const fs::path out = tmp / dir.lexically_normal().lexically_relative(folder_base(spec.input));
       fs::create_directories(out);
       KLEIN_RETURN_IF_ERROR(quantize_component(cx, name, dir, out));
     }
