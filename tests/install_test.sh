@@ -25,10 +25,11 @@ libdir=$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir klein)
 ls "$libdir"/libklein.so.0 >/dev/null || { echo "libklein.so.0 (SOVERSION) not installed"; exit 1; }
 test -f "$libdir/cmake/klein/kleinConfig.cmake" || { echo "CMake package config not installed"; exit 1; }
 # shellcheck disable=SC2046
-# KLEIN_TEST_CFLAGS: the sanitizer flags of an instrumented build (tests/CMakeLists.txt).
+# KLEIN_TEST_CFLAGS / KLEIN_TEST_LIBS: the sanitizer flags and libraries of an instrumented build
+# (tests/CMakeLists.txt).
 # shellcheck disable=SC2086
 "$cc" ${KLEIN_TEST_CFLAGS:-} -std=c11 -Wall -Werror -o "$prefix/gen" "$src/examples/c/generate.c" \
-  $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs klein)
+  $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs klein) ${KLEIN_TEST_LIBS:-}
 mkdir "$prefix/work"
 cd "$prefix/work"
 run "$prefix/gen" "$src/tests/data/tiny" "$prefix/out.png" 7 >"$prefix/gen.log" 2>&1 ||
@@ -44,7 +45,8 @@ add_executable(gen "$src/examples/c/generate.c")
 target_link_libraries(gen PRIVATE klein::klein)
 CM
 cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="${KLEIN_TEST_CFLAGS:-}" >/dev/null
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="${KLEIN_TEST_CFLAGS:-}" \
+  -DCMAKE_C_STANDARD_LIBRARIES="${KLEIN_TEST_LIBS:-}" >/dev/null
 cmake --build "$prefix/consumer/build" >/dev/null
 run "$prefix/consumer/build/gen" "$src/tests/data/tiny" "$prefix/out2.png" 7 >/dev/null 2>&1
 cmp -s "$prefix/out.png" "$prefix/out2.png" || { echo "find_package build gave a different image"; exit 1; }
