@@ -548,7 +548,10 @@ TEST_P(BackendOps, ElementWise) {
 TEST_P(BackendOps, ElementWiseOddWidthsOnStridedViews) {
   constexpr float kSentinel = 9.0f;
   constexpr int64_t kOff = 3, kExtra = 6;  // window columns [3, 3 + C) of rows C + 6 wide
-  for (auto [R, heads, D] : {std::tuple<int64_t, int, int64_t>{5, 3, 6}, {3, 1, 38}, {40, 5, 622}}) {
+  for (const auto& shape : {std::tuple<int64_t, int, int64_t>{5, 3, 6}, {3, 1, 38}, {40, 5, 622}}) {
+    // Plain variables, not a structured binding: the lambdas below capture them (clang 14).
+    const int64_t R = std::get<0>(shape), D = std::get<2>(shape);
+    const int heads = std::get<1>(shape);
     const int64_t C = heads * D, ld = C + kExtra;
     auto window = [&](const std::vector<float>& v) {  // [R, ld] with v in the window
       std::vector<float> full(R * ld, kSentinel);
