@@ -194,7 +194,8 @@ TEST(Loader, MlxWrittenQ4G64LoadsAndDequantizesAsMlx) {
   for (int64_t r = 0; r < 8; ++r) {
     weight_row_to_f32(w, r, row.data());
     for (int64_t c = 0; c < 128; ++c) {
-      const float x = static_cast<const float*>(want->data)[r * 128 + c];
+      float x;  // MLX writes the data unaligned: copied out, not read through a float pointer
+      std::memcpy(&x, static_cast<const char*>(want->data) + (r * 128 + c) * sizeof(float), sizeof(float));
       ASSERT_NEAR(row[c], x, 1e-6f * std::max(1.0f, std::abs(x))) << r << "," << c;
     }
   }
