@@ -46,7 +46,7 @@ target_link_libraries(gen PRIVATE klein::klein)
 CM
 cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="${KLEIN_TEST_CFLAGS:-}" \
-  -DCMAKE_C_STANDARD_LIBRARIES="${KLEIN_TEST_LIBS:-}" >/dev/null
+  -DCMAKE_EXE_LINKER_FLAGS="${KLEIN_TEST_LIBS:-}" >/dev/null
 cmake --build "$prefix/consumer/build" >/dev/null
 run "$prefix/consumer/build/gen" "$src/tests/data/tiny" "$prefix/out2.png" 7 >/dev/null 2>&1
 cmp -s "$prefix/out.png" "$prefix/out2.png" || { echo "find_package build gave a different image"; exit 1; }
