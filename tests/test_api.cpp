@@ -22,7 +22,7 @@ using klein::Code;
 
 namespace {
 
-std::string tiny() { return klein::testing::tiny_model_dir().string(); }
+using klein::testing::tiny;
 std::string ref_image() { return (klein::testing::data_dir() / "ref" / "edit1_auto" / "ref0.png").string(); }
 
 std::unique_ptr<klein::Model> open_model(klein::MemoryPolicy memory) {

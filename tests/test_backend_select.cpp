@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tiny() { return klein::testing::tiny_model_dir().string(); }
+using klein::testing::tiny;
 
 bool cuda_device_present() {
 #ifdef KLEIN_HAS_CUDA

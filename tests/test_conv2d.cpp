@@ -203,13 +203,13 @@ std::vector<ConvCase> cases() {
 }
 
 // The kernel tests, once per ISA of this CPU (test names end in the ISA: Conv2d.FastMatchesRef/avx2).
-class Conv2d : public testing::TestWithParam<Isa> {
+class Conv2d : public ::testing::TestWithParam<Isa> {
  protected:
   const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), GetParam());
 };
 
-INSTANTIATE_TEST_SUITE_P(Isa, Conv2d, testing::ValuesIn(CpuFeatures::host().isas()),
-                         [](const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Isa, Conv2d, ::testing::ValuesIn(CpuFeatures::host().isas()),
+                         [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
 
 TEST_P(Conv2d, FastMatchesRef) {
   std::mt19937 rng(77);

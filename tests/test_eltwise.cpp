@@ -67,7 +67,7 @@ std::vector<float> randv(int64_t n, std::mt19937& rng, float lo = -3.0f, float h
   return v;
 }
 
-class Eltwise : public testing::TestWithParam<Isa> {
+class Eltwise : public ::testing::TestWithParam<Isa> {
  protected:
   const kernels::EltwiseFns& k = kernels::KernelSet::select(CpuFeatures::host(), GetParam()).eltwise();
   const kernels::EltwiseFns& ref = kernels::scalar::eltwise();
@@ -85,9 +85,9 @@ class Eltwise : public testing::TestWithParam<Isa> {
   }
 };
 
-std::string isa_param_name(const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
+std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
 
-INSTANTIATE_TEST_SUITE_P(Isa, Eltwise, testing::ValuesIn(CpuFeatures::host().isas()), isa_param_name);
+INSTANTIATE_TEST_SUITE_P(Isa, Eltwise, ::testing::ValuesIn(CpuFeatures::host().isas()), isa_param_name);
 
 TEST_P(Eltwise, TheSetPicksItsIsa) {
   const kernels::KernelEntry& e = kernels::KernelSet::select(CpuFeatures::host(), GetParam()).get(

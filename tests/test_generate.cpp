@@ -60,8 +60,6 @@ std::vector<float> load(const fs::path& p) {
   return a.ok() ? a->to_f32() : std::vector<float>{};
 }
 
-}  // namespace
-
 class TextToImageRef : public ::testing::TestWithParam<T2ICase> {};
 
 TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
@@ -118,6 +116,8 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, TextToImageRef, ::testing::ValuesIn(t2i_cases()),
                          [](const auto& info) { return info.param.name; });
+
+}  // namespace
 
 TEST(TextToImage, FixturesArePresent) {
   int edits = 0;

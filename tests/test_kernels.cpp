@@ -153,16 +153,16 @@ TEST(KernelsRef, AttentionHandComputed) {
 }
 
 // The kernel tests, once per ISA of this CPU (test names end in the ISA: Kernels.LinearMatchesRef/avx2).
-class Kernels : public testing::TestWithParam<Isa> {
+class Kernels : public ::testing::TestWithParam<Isa> {
  protected:
   const kernels::KernelSet set = kernels::KernelSet::select(CpuFeatures::host(), GetParam());
   const kernels::KernelSet fast =
       kernels::KernelSet::select(CpuFeatures::host(), GetParam(), kernels::Precision::kFast);
 };
 
-std::string isa_param_name(const testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
+std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); }
 
-INSTANTIATE_TEST_SUITE_P(Isa, Kernels, testing::ValuesIn(CpuFeatures::host().isas()), isa_param_name);
+INSTANTIATE_TEST_SUITE_P(Isa, Kernels, ::testing::ValuesIn(CpuFeatures::host().isas()), isa_param_name);
 
 void check_linear(const kernels::KernelSet& set, DType dt, int64_t M, int64_t N, int64_t K, bool bias,
                   int64_t pad, ThreadPool& pool, std::mt19937& rng) {

@@ -46,7 +46,7 @@ MemoryNeeds synthetic() {
   return n;
 }
 
-std::string tiny() { return klein::testing::tiny_model_dir().string(); }
+using klein::testing::tiny;
 
 klein::GenerateRequest small_request() {
   klein::GenerateRequest r;

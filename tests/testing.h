@@ -11,6 +11,8 @@ namespace klein::testing {
 std::filesystem::path data_dir();
 // The tiny random-weight model (a diffusers folder) shipped in tests/data/tiny.
 std::filesystem::path tiny_model_dir();
+// The same as a string (what Model::open and the CLI take).
+inline std::string tiny() { return tiny_model_dir().string(); }
 // A fresh empty temporary directory, removed at process exit is not guaranteed.
 std::filesystem::path make_temp_dir(const std::string& tag);
 

@@ -11,15 +11,15 @@ namespace klein {
 
 namespace {
 
-struct JpegErr {
+struct JpegWriteErr {
   jpeg_error_mgr mgr;
   std::jmp_buf jump;
   char msg[JMSG_LENGTH_MAX] = {};
 };
 
 // libjpeg's default handler exit()s: jump back to the caller with the message instead.
-void on_jpeg_error(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<JpegErr*>(cinfo->err);
+void on_jpeg_write_error(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<JpegWriteErr*>(cinfo->err);
   (*cinfo->err->format_message)(cinfo, e->msg);
   std::longjmp(e->jump, 1);
 }
@@ -36,9 +36,9 @@ Status check_args(const char* what, int width, int height, int quality) {
 Result<std::vector<uint8_t>> encode_jpeg(int width, int height, const uint8_t* rgb, int quality) {
   KLEIN_RETURN_IF_ERROR(check_args("JPEG", width, height, quality));
   jpeg_compress_struct cinfo{};
-  JpegErr err;
+  JpegWriteErr err;
   cinfo.err = jpeg_std_error(&err.mgr);
-  err.mgr.error_exit = on_jpeg_error;
+  err.mgr.error_exit = on_jpeg_write_error;
   unsigned char* buf = nullptr;
   unsigned long size = 0;
   if (setjmp(err.jump)) {

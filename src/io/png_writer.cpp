@@ -61,30 +61,33 @@ void append_bytes(png_structp png, png_bytep data, png_size_t n) {
 }
 void flush_nothing(png_structp) {}
 
-// Encodes into an open FILE*, or into `mem` when f is null; false on any libpng error (message in err).
-bool encode(std::FILE* f, std::vector<uint8_t>* mem, int width, int height, const uint8_t* rgb,
-            const std::vector<std::pair<std::string, std::string>>& text, PngErr* err) {
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
-  if (!png) return false;
-  png_infop info = png_create_info_struct(png);
-  if (!info) {
-    png_destroy_write_struct(&png, nullptr);
-    return false;
-  }
-  std::vector<png_text> chunks(text.size());
-  // iTXt text must be UTF-8 (PNG spec 11.3.4.5): invalid bytes of a prompt become U+FFFD.
-  std::vector<std::string> values;
-  values.reserve(text.size());
-  for (const auto& kv : text) values.push_back(repair_utf8(kv.second));
-  if (setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    return false;
-  }
+// The libpng calls, under setjmp: libpng reports errors by longjmp back here. Nothing with a
+// destructor lives in this frame (the caller owns the text), so the jump skips no cleanup and no
+// local changes between setjmp and a longjmp (-Wclobbered).
+bool write_rows(png_structp png, png_infop info, std::FILE* f, std::vector<uint8_t>* mem, int width,
+                int height, const uint8_t* rgb, png_text* chunks, int n_chunks) {
+  if (setjmp(png_jmpbuf(png))) return false;
   if (f) png_init_io(png, f);
   else png_set_write_fn(png, mem, append_bytes, flush_nothing);
   png_set_IHDR(png, info, static_cast<png_uint_32>(width), static_cast<png_uint_32>(height), 8,
                PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
+  if (n_chunks > 0) png_set_text(png, info, chunks, n_chunks);
+  png_write_info(png, info);
+  for (int y = 0; y < height; ++y)
+    png_write_row(png, const_cast<png_bytep>(rgb + static_cast<size_t>(y) * width * 3));
+  png_write_end(png, info);
+  return true;
+}
+
+// Encodes into an open FILE*, or into `mem` when f is null; false on any libpng error (message in err).
+bool encode(std::FILE* f, std::vector<uint8_t>* mem, int width, int height, const uint8_t* rgb,
+            const std::vector<std::pair<std::string, std::string>>& text, PngErr* err) {
+  // iTXt text must be UTF-8 (PNG spec 11.3.4.5): invalid bytes of a prompt become U+FFFD.
+  std::vector<std::string> values;
+  values.reserve(text.size());
+  for (const auto& kv : text) values.push_back(repair_utf8(kv.second));
+  std::vector<png_text> chunks(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
     chunks[i] = png_text{};
     chunks[i].compression = PNG_ITXT_COMPRESSION_NONE;
@@ -94,13 +97,16 @@ bool encode(std::FILE* f, std::vector<uint8_t>* mem, int width, int height, cons
     chunks[i].lang = nullptr;
     chunks[i].lang_key = nullptr;
   }
-  if (!chunks.empty()) png_set_text(png, info, chunks.data(), static_cast<int>(chunks.size()));
-  png_write_info(png, info);
-  for (int y = 0; y < height; ++y)
-    png_write_row(png, const_cast<png_bytep>(rgb + static_cast<size_t>(y) * width * 3));
-  png_write_end(png, info);
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_error, on_warning);
+  if (!png) return false;
+  png_infop info = png_create_info_struct(png);
+  if (!info) {
+    png_destroy_write_struct(&png, nullptr);
+    return false;
+  }
+  const bool ok = write_rows(png, info, f, mem, width, height, rgb, chunks.data(), static_cast<int>(chunks.size()));
   png_destroy_write_struct(&png, &info);
-  return true;
+  return ok;
 }
 
 }  // namespace

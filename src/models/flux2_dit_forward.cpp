@@ -26,14 +26,14 @@ bool ids_in_range(const Flux2Ids& ids) {
 // Token rows per MLP chunk: large enough for the GEMM kernels' blocking to stay efficient.
 constexpr int64_t kRowChunk = 1024;
 
-struct StreamMod {
-  TensorView shift_msa, gate_msa, shift_mlp, gate_mlp;
-  Tensor onep_msa, onep_mlp;
-};
-
 }  // namespace
 
 struct Flux2Transformer::Step {
+  // A nested type, not one in the anonymous namespace: Step has external linkage.
+  struct StreamMod {
+    TensorView shift_msa, gate_msa, shift_mlp, gate_mlp;
+    Tensor onep_msa, onep_mlp;
+  };
   int64_t T = 0, N = 0, S = 0;   // text, image and all tokens
   int64_t n_out = 0;             // leading image tokens whose output is returned (≤ N)
   Tensor h;                      // [S, D] residual stream, text rows first
@@ -267,7 +267,7 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
     KLEIN_RETURN_IF_ERROR(be.add_scalar(chunk(m, k), 1.0f, r));
     return r;
   };
-  auto stream_mod = [&](const Tensor& m, StreamMod& s) -> Status {
+  auto stream_mod = [&](const Tensor& m, Step::StreamMod& s) -> Status {
     s.shift_msa = chunk(m, 0), s.gate_msa = chunk(m, 2), s.shift_mlp = chunk(m, 3), s.gate_mlp = chunk(m, 5);
     KLEIN_ASSIGN_OR_RETURN(s.onep_msa, one_plus(m, 1));
     KLEIN_ASSIGN_OR_RETURN(s.onep_mlp, one_plus(m, 4));
