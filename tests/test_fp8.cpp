@@ -46,6 +46,18 @@ float e4m3_formula(int code) {
 
 bool same_value(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
+// An F8_E4M3_SCALED weight over `q` with the one scale at `scale`.
+Weight scaled_fp8(const std::vector<uint8_t>& q, Shape shape, const float* scale) {
+  Weight w;
+  w.name = "codes.weight";
+  w.dtype = DType::kF8E4M3Scaled;
+  w.shape = std::move(shape);
+  w.data = q.data();
+  w.nbytes = q.size();
+  w.scales = scale;
+  return w;
+}
+
 TEST(Fp8Format, EveryE4M3CodeMatchesTheBitFormula) {
   // Spot values from the OCP FP8 spec: max normal 448, min normal 2^-6, min subnormal 2^-9.
   EXPECT_EQ(e4m3_formula(0x7e), 448.0f);
@@ -54,13 +66,7 @@ TEST(Fp8Format, EveryE4M3CodeMatchesTheBitFormula) {
   std::vector<uint8_t> codes(256);
   for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
   const float scale = 0.3f;
-  Weight w;
-  w.name = "codes.weight";
-  w.dtype = DType::kF8E4M3Scaled;
-  w.shape = {1, 256};
-  w.data = codes.data();
-  w.nbytes = 256;
-  w.scales = &scale;
+  const Weight w = scaled_fp8(codes, {1, 256}, &scale);
   ASSERT_TRUE(validate_weight(w).ok());
   std::vector<float> row(256);
   weight_row_to_f32(w, 0, row.data());
@@ -77,13 +83,7 @@ TEST(Fp8Format, EveryE4M3CodeMatchesTheBitFormula) {
 TEST(Fp8Format, APerTensorScaleIsSharedByRowViews) {
   std::vector<uint8_t> q(6 * 4, 0x38);  // 1.0
   const float scale = 2.5f;
-  Weight w;
-  w.name = "w";
-  w.dtype = DType::kF8E4M3Scaled;
-  w.shape = {6, 4};
-  w.data = q.data();
-  w.nbytes = q.size();
-  w.scales = &scale;
+  Weight w = scaled_fp8(q, {6, 4}, &scale);
   EXPECT_EQ(w.scales_per_row(), 0);
   auto v = w.row_range(2, 4);
   ASSERT_TRUE(v.ok());
@@ -112,13 +112,7 @@ TEST_P(Fp8Kernels, EveryCodeThroughTheLinearKernel) {
   std::vector<uint8_t> q(N * K, 0);
   for (int64_t r = 0; r < N; ++r) q[r * K + r % K] = static_cast<uint8_t>(r);
   const float scale = 0.0625f * 3;
-  Weight w;
-  w.name = "codes.weight";
-  w.dtype = DType::kF8E4M3Scaled;
-  w.shape = {N, K};
-  w.data = q.data();
-  w.nbytes = q.size();
-  w.scales = &scale;
+  const Weight w = scaled_fp8(q, {N, K}, &scale);
   ThreadPool pool(2);
   for (auto prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
     const auto set = kernels::KernelSet::select(CpuFeatures::host(), GetParam(), prec);
@@ -225,6 +219,15 @@ TEST(Fp8Source, BadScalesAreOneErrorNamingTensorAndFile) {
   EXPECT_EQ(weight_to_vector(*w), (std::vector<float>{0.5f, 1.0f, -0.5f, 0.0f, 0.5f * 0.001953125f,
                                                       0.5f * 0.00390625f, 0.5f * 0.005859375f, 0.5f * 0.0078125f}));
   EXPECT_FALSE(src->has("a.scale_weight"));
+}
+
+TEST(Fp8Source, AConfigClaimingQ8OverFp8WeightsNamesTheFp8) {
+  // A config.json "quantization" entry (klein's or MLX's schemes) over fp8 weights: the scaled
+  // fp8 weights are not int8 ones, and the message says what they are.
+  const float ok = 0.5f;
+  auto src = open_source(write_file("claim", {{"a.weight_scale", DType::kF32, {}, &ok}}));
+  const Status st = src->check_quantization({{"quantization", {{"type", "q8"}}}}, "t/config.json");
+  expect_error(st.message(), {"t/config.json", "says q8", "no weight is quantized", "F8_E4M3"});
 }
 
 TEST(Fp8Source, UnscaledFp8FilesStayPlain) {

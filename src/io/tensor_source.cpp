@@ -374,6 +374,9 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
   for (const std::string& n : names()) {
     const TensorEntry* e = store_.entry(n);
     auto q = quantized_.find(n);
+    // FP8 weights and float layers with a ComfyUI config are paired too, but they are neither
+    // klein's int8 nor MLX's scheme: for this check they are stored float weights.
+    if (q != quantized_.end() && e->dtype != DType::kI8 && e->dtype != DType::kU32) q = quantized_.end();
     if (q == quantized_.end()) {
       if (e->shape.size() != 2 || !format_traits(e->dtype).is_float || !n.ends_with(".weight")) continue;
       if (first_matrix.empty()) first_matrix = n;
