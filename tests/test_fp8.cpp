@@ -230,6 +230,28 @@ TEST(Fp8Source, AConfigClaimingQ8OverFp8WeightsNamesTheFp8) {
   expect_error(st.message(), {"t/config.json", "says q8", "no weight is quantized", "F8_E4M3"});
 }
 
+TEST(Fp8Source, LegacyScaledFp8MarkerAndSpellings) {
+  // ComfyUI's first scaled-fp8 files: a `scaled_fp8` marker tensor and scale_weight / scale_input.
+  static const uint8_t q[4] = {0x38, 0x40, 0xb8, 0};
+  static const float sw = 2.0f, si = 0.125f;
+  const fs::path p = klein::testing::make_temp_dir("fp8_legacy") / "f.safetensors";
+  ASSERT_TRUE(write_safetensors(p, {{"model.diffusion_model.scaled_fp8", DType::kF8E4M3, {0}, q},
+                                    {"model.diffusion_model.a.weight", DType::kF8E4M3, {1, 4}, q},
+                                    {"model.diffusion_model.a.scale_weight", DType::kF32, {}, &sw},
+                                    {"model.diffusion_model.a.scale_input", DType::kF32, {}, &si},
+                                    {"model.diffusion_model.b.weight", DType::kF8E4M3, {1, 4}, q}})
+                  .ok());
+  auto src = open_source(p);
+  EXPECT_EQ(src->names(), (std::vector<std::string>{"model.diffusion_model.a.weight", "model.diffusion_model.b.weight"}));
+  auto a = src->get("model.diffusion_model.a.weight");
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->input_scale, 0.125f);
+  EXPECT_EQ(weight_to_vector(*a), (std::vector<float>{2, 4, -2, 0}));
+  // In a scaled file an fp8 weight without a scale is broken, not plain.
+  expect_error(get_error(p, "model.diffusion_model.b.weight"),
+               {p.string(), "'model.diffusion_model.b.weight_scale' is missing"});
+}
+
 TEST(Fp8Source, UnscaledFp8FilesStayPlain) {
   // No scale anywhere in the file: F8_E4M3 is a plain type (ComfyUI's unscaled fp8 files).
   static const uint8_t q[4] = {0x38, 0x40, 0xb8, 0};

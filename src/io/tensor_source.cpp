@@ -72,7 +72,8 @@ SafetensorsSource::SafetensorsSource(WeightStore store) : store_(std::move(store
       companion_of_[n] = "";  // a marker, no tensor of the model
     }
     for (const CompanionRule& r : quant_companion_rules())
-      scaled_file |= r.role == CompanionRole::kWeightScale && n.ends_with("." + std::string(r.suffix));
+      scaled_file |= r.role == CompanionRole::kWeightScale && n.size() > r.suffix.size() && n.ends_with(r.suffix) &&
+                     n[n.size() - r.suffix.size() - 1] == '.';
   }
   // Pair each integer weight with the companions that make it a quantized weight. A pairing
   // with a companion missing is kept: get() then names the missing one.
