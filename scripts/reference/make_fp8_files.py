@@ -20,6 +20,7 @@ run in float32 with the *dequantized* weights put back through diffusers' own co
     inputs.npz-like .npy files:        hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids
     out_<file stem>.npy                the dequantized model's output on those inputs (float32)
     out_full.npy                       the unquantized model's output (for cosine / PSNR reports)
+    e4m3_codes.npy                     torch's float8_e4m3fn value of each byte 0..255 (float32)
 
 Usage (from the repository root, with the oracle venv of scripts/reference/README.md):
     /work/oracle/bin/python scripts/reference/make_fp8_files.py
@@ -150,6 +151,8 @@ def main():
             return model(hidden_states=hs, encoder_hidden_states=ehs, timestep=timestep, img_ids=img_ids,
                          txt_ids=txt_ids, guidance=None, return_dict=False)[0]
 
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    np.save(os.path.join(OUT, "e4m3_codes.npy"), codes.numpy())
     np.save(os.path.join(OUT, "hidden_states.npy"), hs.numpy())
     np.save(os.path.join(OUT, "encoder_hidden_states.npy"), ehs.numpy())
     np.save(os.path.join(OUT, "timestep.npy"), timestep.numpy())
