@@ -293,30 +293,90 @@ TEST(Fp8Source, ComfyQuantFormatsAreCheckedAndUnknownOnesNamed) {
   expect_error(get_error(p6, "b.weight"), {"_quantization_metadata", "layer 'a'", "\"int4_magic\" is unknown"});
 }
 
-TEST(Fp8Source, Int8TensorwiseMapsOntoQ8RowAndConvrotIsRefused) {
-  static const int8_t q[6] = {1, -2, 3, 4, 5, -127};
+// The normalized Hadamard matrix of size 4^k, entry by entry: the product over the base-4 digits
+// of i and j of the seed h4 (comfy-kitchen's), over 2^k.
+double hadamard_entry(int64_t i, int64_t j, int64_t n) {
+  static const int h4[4][4] = {{1, 1, 1, -1}, {1, 1, -1, 1}, {1, -1, 1, 1}, {-1, 1, 1, 1}};
+  double v = 1;
+  for (int64_t m = n; m > 1; m /= 4, i /= 4, j /= 4) v *= h4[i % 4][j % 4] / 2.0;
+  return v;
+}
+
+TEST(Convrot, HadamardGroupsIsTheMatrixProduct) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (int64_t g : {4, 16, 256}) {
+    std::vector<float> x(2 * g);
+    for (float& v : x) v = d(rng);
+    std::vector<float> y = x;
+    kernels::ref::hadamard_groups(y.data(), 2 * g, g);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < g; ++i) {
+        double want = 0;
+        for (int64_t j = 0; j < g; ++j) want += hadamard_entry(i, j, g) * x[b * g + j];
+        EXPECT_NEAR(y[b * g + i], want, 1e-5) << "group " << g << " row " << i;
+      }
+  }
+}
+
+TEST(Fp8Source, Int8TensorwiseMapsOntoQ8RowWithConvrot) {
+  static const int8_t q[8] = {1, -2, 3, 4, 5, -127, 7, 0};
   const float scalar = 0.5f, per_row[2] = {0.25f, 2.0f};
   const auto conf = bytes(R"({"format": "int8_tensorwise"})");
-  const auto rot = bytes(R"({"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256})");
+  const auto rot4 = bytes(R"({"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 4})");
+  const auto rot256 = bytes(R"({"format": "int8_tensorwise", "convrot": true})");
+  const auto rot8 = bytes(R"({"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 8})");
+  auto u8 = [](const std::vector<uint8_t>& b) { return Shape{static_cast<int64_t>(b.size())}; };
   const fs::path p = klein::testing::make_temp_dir("int8_tw") / "f.safetensors";
   ASSERT_TRUE(write_safetensors(p, {{"a.weight", DType::kI8, {2, 3}, q},
                                     {"a.weight_scale", DType::kF32, {}, &scalar},
-                                    {"a.comfy_quant", DType::kU8, {static_cast<int64_t>(conf.size())}, conf.data()},
+                                    {"a.comfy_quant", DType::kU8, u8(conf), conf.data()},
                                     {"b.weight", DType::kI8, {2, 3}, q},
                                     {"b.weight_scale", DType::kF32, {2, 1}, per_row},
-                                    {"c.weight", DType::kI8, {2, 3}, q},
+                                    {"c.weight", DType::kI8, {2, 4}, q},
                                     {"c.weight_scale", DType::kF32, {2, 1}, per_row},
-                                    {"c.comfy_quant", DType::kU8, {static_cast<int64_t>(rot.size())}, rot.data()}})
+                                    {"c.comfy_quant", DType::kU8, u8(rot4), rot4.data()},
+                                    {"d.weight", DType::kI8, {2, 4}, q},
+                                    {"d.weight_scale", DType::kF32, {2, 1}, per_row},
+                                    {"d.comfy_quant", DType::kU8, u8(rot256), rot256.data()},
+                                    {"e.weight", DType::kI8, {2, 4}, q},
+                                    {"e.weight_scale", DType::kF32, {2, 1}, per_row},
+                                    {"e.comfy_quant", DType::kU8, u8(rot8), rot8.data()}})
                   .ok());
   auto src = open_source(p);
   auto a = src->get("a.weight");
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->dtype, DType::kQ8Row);
+  EXPECT_EQ(a->act_rotation_group, 0);
   EXPECT_EQ(weight_to_vector(*a), (std::vector<float>{0.5f, -1, 1.5f, 2, 2.5f, -63.5f}));
   auto b = src->get("b.weight");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(weight_to_vector(*b), (std::vector<float>{0.25f, -0.5f, 0.75f, 8, 10, -254}));
-  expect_error(get_error(p, "c.weight"), {p.string(), "layer 'c'", "convrot", "256"});
+  // convrot in groups of 4: y = (x·H)·Wᵀ for the stored (rotated) W, on every ISA's linear (the
+  // exact and the fast W8A8 ones), against the product written out with H's entries.
+  auto c = src->get("c.weight");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->act_rotation_group, 4);
+  const std::vector<float> wc = weight_to_vector(*c), x = {0.5f, -1.0f, 0.25f, 2.0f};
+  std::vector<double> want(2, 0.0);
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k) {
+      double xr = 0;
+      for (int j = 0; j < 4; ++j) xr += hadamard_entry(k, j, 4) * x[j];
+      want[n] += xr * wc[n * 4 + k];
+    }
+  ThreadPool pool(1);
+  for (Isa isa : CpuFeatures::host().isas())
+    for (auto prec : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+      const auto set = kernels::KernelSet::select(CpuFeatures::host(), isa, prec);
+      std::vector<float> y(2);
+      kernels::run_linear(set, x.data(), 1, 4, *c, nullptr, y.data(), pool);
+      const double tol = prec == kernels::Precision::kFast ? 2e-2 * std::fabs(want[1]) : 1e-4;
+      for (int n = 0; n < 2; ++n)
+        EXPECT_NEAR(y[n], want[n], tol) << set.get(kernels::Op::kLinear, DType::kQ8Row).name << " row " << n;
+    }
+  expect_error(get_error(p, "d.weight"), {p.string(), "'d.weight'", "convrot groups of 256 do not divide its 4 columns"});
+  expect_error(get_error(p, "e.weight"), {p.string(), "layer 'e'", "convrot in groups of 8", "power of 4"});
 }
 
 TEST(Fp8Source, F8TensorWithTheWrongByteCountIsRefused) {
@@ -409,6 +469,7 @@ TEST(Fp8Model, TransformerMatchesDiffusersWithDequantizedWeights) {
       {"tiny-flux2-bfl-fp8", true, DType::kF8E4M3Scaled},
       {"tiny-flux2-comfy-mixed", true, DType::kF8E4M3Scaled},
       {"tiny-flux2-int8", true, DType::kQ8Row},
+      {"tiny-flux2-int8-convrot", true, DType::kQ8Row},
       {"tiny-flux2-diffusers-fp8", false, DType::kF8E4M3Scaled},
   };
   for (const auto& [stem, bfl, format] : files) {

@@ -16,6 +16,10 @@ run in float32 with the *dequantized* weights put back through diffusers' own co
     tiny-flux2-int8.safetensors        ComfyUI int8_tensorwise: block linears I8, float32 `weight_scale`
                                        [out, 1] (amax / 127 per row; the single blocks' linear2 a scalar),
                                        `comfy_quant` {"format": "int8_tensorwise"}
+    tiny-flux2-int8-convrot.safetensors   int8_tensorwise with convrot in groups of 16 (the tiny model's
+                                       widths are 32, 96 and 128; real files use 256): each row of W is
+                                       stored rotated, W·Hᵀ per group (H = the 4 × 4 seed's Kronecker
+                                       square / 4), then quantized per row
     tiny-flux2-diffusers-fp8.safetensors  diffusers names, fp8 block linears with scalar scales
     inputs.npz-like .npy files:        hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids
     out_<file stem>.npy                the dequantized model's output on those inputs (float32)
@@ -120,6 +124,25 @@ def main():
         else:
             t[k], deq[k] = v, v.float()
     files["tiny-flux2-int8"] = (t, None, deq)
+
+    # (c') int8 + convrot, groups of 16: H = kron(h4, h4) / 4, W_rot = W Hᵀ per group; dequantized
+    # back with H (orthogonal): W ≈ (q · s) H per group.
+    h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
+    h16 = torch.kron(h4, h4) / 4.0
+    t, deq = {}, {}
+    for k, v in bfl.items():
+        if block_linear(k):
+            w = v.double()
+            rot = (w.reshape(w.shape[0], -1, 16) @ h16.T).reshape(w.shape).float()
+            q, s, d = int8_quantize(rot, per_row=True)
+            base = k[: -len("weight")]
+            t[k], t[base + "weight_scale"] = q, s
+            t[base + "comfy_quant"] = comfy_quant({"format": "int8_tensorwise", "convrot": True,
+                                                   "convrot_groupsize": 16})
+            deq[k] = (d.double().reshape(w.shape[0], -1, 16) @ h16).reshape(w.shape).float()
+        else:
+            t[k], deq[k] = v, v.float()
+    files["tiny-flux2-int8-convrot"] = (t, None, deq)
 
     # (d) diffusers names, fp8 block linears (scales per tensor, the q/k/v projections separately).
     t, deq_dit = {}, {}

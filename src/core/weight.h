@@ -44,6 +44,10 @@ struct Weight {
   // against the dequantized weight — so input_scale does not change any result here; it would
   // only if activations were quantized to fp8.
   float input_scale = 0.0f;
+  // ComfyUI int8_tensorwise "convrot": the stored rows are W·H per group of this many columns (H
+  // the normalized Hadamard matrix of that size, hadamard_groups), so the linear rotates x the
+  // same way first ((x·H)(W·H)ᵀ = x·Wᵀ, H·Hᵀ = I). 0: not rotated.
+  int64_t act_rotation_group = 0;
   std::shared_ptr<const void> owner;  // keeps owned storage alive (null: the source owns it)
 
   bool empty() const { return data == nullptr; }

@@ -144,7 +144,7 @@ Result<Weight> SafetensorsSource::get(const std::string& name) const {
 }
 
 Status SafetensorsSource::check_layer_quant(const std::string& name, const std::string& where, DType stored,
-                                            const std::string& config) const {
+                                            const std::string& config, int64_t* rotation) const {
   std::optional<LayerQuant> q;
   const std::string layer = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
   if (!config.empty()) {
@@ -159,14 +159,20 @@ Status SafetensorsSource::check_layer_quant(const std::string& name, const std::
     q = m->second;
   }
   if (!q) return Status::Ok();
-  if (q->convrot)
-    return unsupported(where + ": layer '" + layer + "' is " + q->format +
-                       " with convrot (activations rotated by a Hadamard transform in groups of " +
-                       std::to_string(q->convrot_group ? q->convrot_group : 256) + "), which klein does not compute");
   const DType want = q->format == "float8_e4m3fn" ? DType::kF8E4M3 : DType::kI8;
   if (stored != want)
     return format_error(where + ": its layer's quantization config says " + q->format + ", but the weight is stored " +
                         std::string(dtype_name(stored)));
+  if (q->convrot) {
+    // comfy-kitchen's regular Hadamard exists for powers of 4 (Kronecker powers of its 4 × 4 seed).
+    const int64_t g = q->convrot_group ? q->convrot_group : 256;
+    bool pow4 = g >= 4;
+    for (int64_t v = g; v > 1 && pow4; v /= 4) pow4 = v % 4 == 0;
+    if (!pow4 || !rotation || q->format != "int8_tensorwise")
+      return unsupported(where + ": layer '" + layer + "' is " + q->format + " with convrot in groups of " +
+                         std::to_string(g) + ", which klein does not compute (groups of a power of 4)");
+    *rotation = g;
+  }
   return Status::Ok();
 }
 
@@ -195,7 +201,9 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
   const std::string file = file_of(name);
   const std::string where = file + ": tensor '" + name + "'";
   const TensorEntry* e = store_.entry(name);
-  KLEIN_RETURN_IF_ERROR(check_layer_quant(name, where, e->dtype, c.config));
+  int64_t rotation = 0;
+  KLEIN_RETURN_IF_ERROR(check_layer_quant(name, where, e->dtype, c.config, &rotation));
+  if (c.scale.empty() || e->dtype != DType::kI8) rotation = 0;  // only int8 layers rotate (else refused above)
   if (c.scale.empty()) return store_.get(name);  // a float weight whose config said so
   for (const std::string* comp : {&c.scale, &c.offset})
     if (!comp->empty() && !store_.has(*comp))
@@ -250,6 +258,12 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
     w.dtype = DType::kQ4G64;
     w.shape = {rows, cols};
     w.offsets = b->data;
+  }
+  if (rotation > 0) {
+    if (w.cols() % rotation != 0)
+      return format_error(where + ": convrot groups of " + std::to_string(rotation) + " do not divide its " +
+                          std::to_string(w.cols()) + " columns");
+    w.act_rotation_group = rotation;
   }
   if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
   return w;

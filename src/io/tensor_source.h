@@ -96,9 +96,10 @@ class SafetensorsSource final : public TensorSource {
   Result<Weight> resolve(const std::string& name, const Companions& c) const;
   Result<Weight> resolve_fp8(const std::string& name, const Companions& c, const std::string& where) const;
   // The layer's ComfyUI quantization config (its `config` tensor, else the header's entry for it),
-  // if any, against how `name` is stored; convrot and other formats than klein computes are refused.
+  // if any, against how `name` is stored; formats klein does not compute are refused. convrot's
+  // group size goes to *rotation (int8 layers); without `rotation` a convrot layer is refused.
   Status check_layer_quant(const std::string& name, const std::string& where, DType stored,
-                           const std::string& config) const;
+                           const std::string& config, int64_t* rotation = nullptr) const;
 
   WeightStore store_;
   std::unordered_map<std::string, Companions> quantized_;  // weight name → its companions
