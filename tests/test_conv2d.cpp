@@ -34,23 +34,25 @@ struct OwnedWeight {
 
 // The values in `vals` rounded to the weight format `dt`. The 8-bit and 4-bit formats take
 // payload bytes derived from the values instead (their exact decoded values do not matter: the
-// reference reads the same bytes): F8_E4M3 with the top exponent bit clear (|v| < 2, never NaN),
+// reference reads the same bytes): F8_E4M3 (and its scaled form) with the top exponent bit clear
+// (|v| < 2, never NaN),
 // Q8_ROW / Q4_G64 with small random-ish scales (and offsets).
 OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& vals) {
   OwnedWeight o;
   o.w.name = "test.conv.weight";
   o.w.dtype = dt;
   o.w.shape = shape;
-  if (dt == DType::kF8E4M3 || dt == DType::kQ8Row || dt == DType::kQ4G64) {
+  const bool f8 = dt == DType::kF8E4M3 || dt == DType::kF8E4M3Scaled;
+  if (f8 || dt == DType::kQ8Row || dt == DType::kQ4G64) {
     const int64_t rows = o.w.rows(), cols = o.w.cols();
     o.u8.resize(rows * format_row_bytes(dt, cols));
     for (size_t i = 0; i < o.u8.size(); ++i) {
       const auto b = static_cast<uint8_t>(static_cast<int>(vals[i % vals.size()] * 1000.0f + 1000.0f) & 0xff);
-      o.u8[i] = dt == DType::kF8E4M3 ? (b & 0xbf) : b;
+      o.u8[i] = f8 ? (b & 0xbf) : b;
     }
     o.w.data = o.u8.data();
     o.w.nbytes = o.u8.size();
-    const int64_t ns = dt == DType::kQ8Row ? rows : rows * cols / 64;
+    const int64_t ns = dt == DType::kQ8Row ? rows : dt == DType::kF8E4M3Scaled ? 1 : rows * cols / 64;
     for (int64_t i = 0; i < ns; ++i) {
       o.scales.push_back(0.002f + 0.001f * static_cast<float>(i % 7));
       o.offsets.push_back(-0.05f + 0.01f * static_cast<float>(i % 11));

@@ -84,15 +84,17 @@ std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, fl
 
 // [rows, cols] weight of any format the kernels compute with, random O(1) values: through
 // make_weight where it can quantize, else random payload bytes (F8_E4M3 with the top exponent
-// bit clear: |v| < 2, never NaN; Q4_G64 nibbles with random scales and offsets).
+// bit clear: |v| < 2, never NaN, and F8_E4M3_SCALED so with one random scale; Q4_G64 nibbles with
+// random scales and offsets).
 OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
-  if (dt != DType::kF8E4M3 && dt != DType::kQ4G64) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
+  const bool f8 = dt == DType::kF8E4M3 || dt == DType::kF8E4M3Scaled;
+  if (!f8 && dt != DType::kQ4G64) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
   OwnedWeight o;
   o.w.name = "test.weight";
   o.w.dtype = dt;
   o.w.shape = {rows, cols};
   o.i8.resize(rows * format_row_bytes(dt, cols));
-  for (auto& b : o.i8) b = static_cast<int8_t>(rng() & (dt == DType::kF8E4M3 ? 0xbf : 0xff));
+  for (auto& b : o.i8) b = static_cast<int8_t>(rng() & (f8 ? 0xbf : 0xff));
   o.w.data = o.i8.data();
   o.w.nbytes = o.i8.size();
   if (dt == DType::kQ4G64) {
@@ -100,6 +102,9 @@ OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rn
     o.offsets = random_vec(rows * cols / 64, rng);
     o.w.scales = o.scales.data();
     o.w.offsets = o.offsets.data();
+  } else if (dt == DType::kF8E4M3Scaled) {
+    o.scales = random_vec(1, rng, 0.01f, 0.2f);
+    o.w.scales = o.scales.data();
   }
   return o;
 }

@@ -61,4 +61,9 @@ float f8e4m3_to_f32(uint8_t v) {
   return sign ? -r : r;
 }
 
+float f8e5m2_to_f32(uint8_t v) {
+  // E5M2 is the top byte of an IEEE half: the same exponent width and bias.
+  return f16_to_f32(static_cast<uint16_t>(v) << 8);
+}
+
 }  // namespace klein

@@ -25,6 +25,8 @@ enum class DType : uint8_t {
   // Quantized weight formats (engine formats; their traits are in core/format.h).
   kQ8Row,  // int8 per output row, one scale per row (symmetric)
   kQ4G64,  // int4 affine, groups of 64 along K, scale + offset per group, MLX nibble order
+  kF8E5M2,  // float8 e5m2 as stored (read; not a weight format the engine computes with)
+  kF8E4M3Scaled,  // float8 e4m3fn with one float32 scale per tensor: v = e4m3(q) · scale (BFL / ComfyUI fp8)
   kCount,  // number of formats (not a format)
 };
 
@@ -43,6 +45,8 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// E4M3FN (bias 7, no infinities; 0x7f / 0xff are NaN) and E5M2 (bias 15, IEEE-like: inf and NaN).
 float f8e4m3_to_f32(uint8_t v);
+float f8e5m2_to_f32(uint8_t v);
 
 }  // namespace klein

@@ -26,6 +26,7 @@ void plain_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
 float u16_bf16(uint16_t v) { return bf16_to_f32(v); }
 float u16_f16(uint16_t v) { return f16_to_f32(v); }
 float u8_f8(uint8_t v) { return f8e4m3_to_f32(v); }
+float u8_f8e5m2(uint8_t v) { return f8e5m2_to_f32(v); }
 
 void f32_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
   std::memcpy(out, static_cast<const float*>(w.data) + r * w.cols() + c0, n * sizeof(float));
@@ -56,6 +57,14 @@ void q4g64_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
   }
 }
 
+// F8_E4M3_SCALED: e4m3fn bytes and one scale for the tensor: v = e4m3(q) · scale, one float32
+// multiply (the dequantisation BFL's and ComfyUI's loaders do before a bf16 matmul).
+void f8scaled_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * w.cols() + c0;
+  const float s = scale_at(w.scales, w.scale_dtype, 0);
+  for (int64_t i = 0; i < n; ++i) out[i] = f8e4m3_to_f32(q[i]) * s;
+}
+
 using S = ScalePlace;
 // id, name, safetensors name, bits, block elems, block bytes, scales, offsets, float, weight, row_to_f32
 constexpr FormatTraits kTable[] = {
@@ -73,6 +82,9 @@ constexpr FormatTraits kTable[] = {
     {DType::kU32, "U32", "U32", 32, 1, 4, S::kNone, false, false, false, nullptr},
     {DType::kQ8Row, "Q8_ROW", "", 8, 1, 1, S::kSeparate, false, true, true, q8row_row, true},
     {DType::kQ4G64, "Q4_G64", "", 4, 64, 32, S::kSeparate, true, true, true, q4g64_row},
+    {DType::kF8E5M2, "F8_E5M2", "F8_E5M2", 8, 1, 1, S::kNone, false, true, false, plain_row<uint8_t, u8_f8e5m2>},
+    {DType::kF8E4M3Scaled, "F8_E4M3_SCALED", "", 8, 1, 1, S::kSeparate, false, true, true, f8scaled_row, false,
+     true},
 };
 static_assert(std::size(kTable) == static_cast<size_t>(DType::kCount), "one row per DType");
 

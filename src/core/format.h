@@ -41,6 +41,9 @@ struct FormatTraits {
   void (*row_to_f32)(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
   // ScalePlace::kSeparate: one scale (and offset) per row rather than per block (Q8_ROW).
   bool scale_per_row = false;
+  // ScalePlace::kSeparate: one scale for the whole tensor (F8_E4M3_SCALED). Row views and splits
+  // keep pointing at it: Weight::scales_per_row() is 0, so no row owns a scale entry.
+  bool scale_per_tensor = false;
 };
 
 // The whole table, in DType order (format_table()[i].id == DType(i)).

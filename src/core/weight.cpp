@@ -29,7 +29,7 @@ std::optional<Weight> Weight::stacked_with(const Weight& below) const {
   const Weight& b = below;
   if (a.empty() || b.empty() || a.layout != Layout::kRowMajor || b.layout != Layout::kRowMajor) return std::nullopt;
   if (a.dtype != b.dtype || a.device != b.device || a.owner != b.owner || a.shape.size() != 2 ||
-      b.shape.size() != 2 || a.cols() != b.cols())
+      b.shape.size() != 2 || a.cols() != b.cols() || a.act_rotation_group != b.act_rotation_group)
     return std::nullopt;
   // The byte counts must be what the rows take, so that the seam is where the next row starts.
   const int64_t rb = a.row_bytes();

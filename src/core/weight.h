@@ -38,6 +38,16 @@ struct Weight {
   const void* scales = nullptr;
   const void* offsets = nullptr;
   DType scale_dtype = DType::kF32;
+  // F8_E4M3_SCALED: the activation scale stored beside the weight (`input_scale`; 0 when the file
+  // has none). Kept for `klein info` and a future fp8-activation kernel only: klein computes as
+  // BFL's and ComfyUI's reference code does on CPUs without fp8 matmuls — x in float32 (or bf16)
+  // against the dequantized weight — so input_scale does not change any result here; it would
+  // only if activations were quantized to fp8.
+  float input_scale = 0.0f;
+  // ComfyUI int8_tensorwise "convrot": the stored rows are W·H per group of this many columns (H
+  // the normalized Hadamard matrix of that size, hadamard_groups), so the linear rotates x the
+  // same way first ((x·H)(W·H)ᵀ = x·Wᵀ, H·Hᵀ = I). 0: not rotated.
+  int64_t act_rotation_group = 0;
   std::shared_ptr<const void> owner;  // keeps owned storage alive (null: the source owns it)
 
   bool empty() const { return data == nullptr; }
@@ -55,7 +65,10 @@ struct Weight {
   int64_t row_bytes() const { return format_row_bytes(dtype, cols()); }
   // Scale / offset entries per row (block formats).
   int64_t blocks_per_row() const { return cols() / format().block_elems; }
-  int64_t scales_per_row() const { return format().scale_per_row ? 1 : blocks_per_row(); }
+  // 0 for a per-tensor scale (F8_E4M3_SCALED): no row owns an entry, so row views share it.
+  int64_t scales_per_row() const {
+    return format().scale_per_tensor ? 0 : format().scale_per_row ? 1 : blocks_per_row();
+  }
 
   // Rows [r0, r1) as a Weight sharing this one's storage (outer dimension; scales follow).
   // Fails for r0 > r1, r1 > rows() or a packed layout.

@@ -291,4 +291,13 @@ const NameMap* name_map_by_name(std::string_view name) {
   return nullptr;
 }
 
+std::span<const CompanionRule> quant_companion_rules() {
+  static constexpr CompanionRule kRules[] = {
+      {"weight_scale", CompanionRole::kWeightScale}, {"scale_weight", CompanionRole::kWeightScale},
+      {"input_scale", CompanionRole::kInputScale},   {"scale_input", CompanionRole::kInputScale},
+      {"comfy_quant", CompanionRole::kQuantConfig},
+  };
+  return kRules;
+}
+
 }  // namespace klein

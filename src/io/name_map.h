@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -89,6 +90,19 @@ const NameMap& ldm_flux2_vae_map();
 // A transformers Qwen3 saved as one file (ComfyUI qwen_3_4b.safetensors): the names already are
 // the transformers names; a ComfyUI all-in-one prefix is removed by ScopedSource, not here.
 const NameMap& hf_qwen3_single_file_map();
+// Quantization companions of a layer's `X.weight`, by the suffix after "X." that producers give
+// them: BFL's fp8 files `weight_scale` / `input_scale`, ComfyUI's legacy scaled fp8
+// `scale_weight` / `scale_input`, ComfyUI's per-layer JSON `comfy_quant`. Sources pair them with
+// the weight before any map applies (a split or rename then carries them along), so one table
+// serves BFL and diffusers names alike and the maps never see a companion. Where a file has both
+// spellings of a role, the first listed wins.
+enum class CompanionRole : uint8_t { kWeightScale, kInputScale, kQuantConfig };
+struct CompanionRule {
+  std::string_view suffix;
+  CompanionRole role;
+};
+std::span<const CompanionRule> quant_companion_rules();
+
 // The map called `name` (one of the above), or null.
 const NameMap* name_map_by_name(std::string_view name);
 

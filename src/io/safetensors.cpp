@@ -143,7 +143,9 @@ Status WeightStore::add_file(const fs::path& file) {
     e.nbytes = en - b;
     e.file_index = fidx;
     if (tensors_.count(name)) return format_error(where + ": duplicate tensor name across files");
-    spans.push_back({b, en, name});
+    // An empty tensor holds no bytes and overlaps nothing (ComfyUI's `scaled_fp8` marker is one;
+    // torch's writer gives it the next tensor's start offset).
+    if (en > b) spans.push_back({b, en, name});
     added.emplace_back(name, std::move(e));
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.b < b.b; });

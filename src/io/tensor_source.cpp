@@ -1,11 +1,15 @@
 #include "io/tensor_source.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <map>
 #include <set>
 #include <string>
 #include <tuple>
+
+#include "io/name_map.h"
 
 namespace fs = std::filesystem;
 
@@ -54,22 +58,52 @@ Result<std::shared_ptr<SafetensorsSource>> SafetensorsSource::open(const fs::pat
 }
 
 SafetensorsSource::SafetensorsSource(WeightStore store) : store_(std::move(store)) {
+  if (auto m = store_.metadata().find("_quantization_metadata"); m != store_.metadata().end()) {
+    auto layers = parse_quantization_metadata(m->second, store_.origin() + ": header _quantization_metadata");
+    if (layers.ok()) layer_meta_ = std::move(*layers);
+    else meta_status_ = layers.status();
+  }
+  // A file with any weight scale (or ComfyUI's legacy marker tensor `scaled_fp8`) stores scaled
+  // fp8: there an F8_E4M3 weight without its scale is broken, not a plain fp8 tensor.
+  bool scaled_file = false;
+  for (const std::string& n : store_.names()) {
+    if (n == "scaled_fp8" || n.ends_with(".scaled_fp8")) {
+      scaled_file = true;
+      companion_of_[n] = "";  // a marker, no tensor of the model
+    }
+    for (const CompanionRule& r : quant_companion_rules())
+      scaled_file |= r.role == CompanionRole::kWeightScale && n.size() > r.suffix.size() && n.ends_with(r.suffix) &&
+                     n[n.size() - r.suffix.size() - 1] == '.';
+  }
   // Pair each integer weight with the companions that make it a quantized weight. A pairing
   // with a companion missing is kept: get() then names the missing one.
   for (const std::string& n : store_.names()) {
     const TensorEntry* e = store_.entry(n);
     Companions c;
     std::string base;
-    if (e->dtype == DType::kI8 && store_.has(n + "_scale")) {
-      c.scale = n + "_scale";
+    const bool layer_weight = mlx_base(n, &base);  // "X.weight" → "X."
+    if (layer_weight && e->dtype != DType::kU32)
+      for (const CompanionRule& r : quant_companion_rules()) {
+        std::string* slot = r.role == CompanionRole::kWeightScale  ? &c.scale
+                            : r.role == CompanionRole::kInputScale ? &c.input_scale
+                                                                   : &c.config;
+        if (slot->empty() && store_.has(base + std::string(r.suffix))) *slot = base + std::string(r.suffix);
+      }
+    if (e->dtype == DType::kI8 && (store_.has(n + "_scale") || !c.scale.empty())) {
+      if (store_.has(n + "_scale")) c.scale = n + "_scale";
+    } else if (e->dtype == DType::kF8E4M3 && layer_weight && (!c.scale.empty() || !c.config.empty() || scaled_file)) {
+      if (c.scale.empty()) c.scale = base + "weight_scale";  // missing: get() names it
     } else if (e->dtype == DType::kU32 && mlx_base(n, &base) &&
                (store_.has(base + "scales") || store_.has(base + "biases"))) {
       c.scale = base + "scales";
       c.offset = base + "biases";
+    } else if (c.config.empty()) {
+      continue;  // a plain tensor (a float weight's config alone is still checked, below)
     } else {
-      continue;
+      c.scale.clear();
+      c.input_scale.clear();
     }
-    for (const std::string* comp : {&c.scale, &c.offset})
+    for (const std::string* comp : {&c.scale, &c.offset, &c.input_scale, &c.config})
       if (!comp->empty() && store_.has(*comp)) companion_of_[*comp] = n;
     quantized_.emplace(n, std::move(c));
   }
@@ -92,6 +126,7 @@ std::string SafetensorsSource::file_of(const std::string& name) const {
 
 Result<Weight> SafetensorsSource::get(const std::string& name) const {
   if (!has(name)) return not_found(store_.origin() + ": tensor '" + name + "' is missing");
+  KLEIN_RETURN_IF_ERROR(meta_status_);
   auto q = quantized_.find(name);
   if (q != quantized_.end()) return resolve(name, q->second);
   KLEIN_ASSIGN_OR_RETURN(Weight w, store_.get(name));
@@ -104,17 +139,77 @@ Result<Weight> SafetensorsSource::get(const std::string& name) const {
   if (w.dtype == DType::kU32 && mlx_base(name, &base))
     return format_error(file_of(name) + ": tensor '" + name + "' is stored U32 (MLX 4-bit) but its companions '" +
                         base + "scales' and '" + base + "biases' are missing");
+  KLEIN_RETURN_IF_ERROR(check_layer_quant(name, file_of(name) + ": tensor '" + name + "'", w.dtype, ""));
   return w;
 }
+
+Status SafetensorsSource::check_layer_quant(const std::string& name, const std::string& where, DType stored,
+                                            const std::string& config, int64_t* rotation) const {
+  std::optional<LayerQuant> q;
+  const std::string layer = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+  if (!config.empty()) {
+    // ComfyUI stores the JSON's bytes as a U8 vector.
+    const TensorEntry* c = store_.entry(config);
+    const std::string at = file_of(config) + ": tensor '" + config + "'";
+    if (c->dtype != DType::kU8 || c->shape.size() != 1)
+      return format_error(at + " must be a U8 vector of JSON bytes, got " + std::string(dtype_name(c->dtype)) + " " +
+                          shape_str(c->shape));
+    KLEIN_ASSIGN_OR_RETURN(q, parse_comfy_quant(std::string_view(reinterpret_cast<const char*>(c->data), c->nbytes), at));
+  } else if (auto m = layer_meta_.find(layer); m != layer_meta_.end()) {
+    q = m->second;
+  }
+  if (!q) return Status::Ok();
+  const DType want = q->format == "float8_e4m3fn" ? DType::kF8E4M3 : DType::kI8;
+  if (stored != want)
+    return format_error(where + ": its layer's quantization config says " + q->format + ", but the weight is stored " +
+                        std::string(dtype_name(stored)));
+  if (q->convrot) {
+    // comfy-kitchen's regular Hadamard exists for powers of 4 (Kronecker powers of its 4 × 4 seed).
+    const int64_t g = q->convrot_group ? q->convrot_group : 256;
+    bool pow4 = g >= 4;
+    for (int64_t v = g; v > 1 && pow4; v /= 4) pow4 = v % 4 == 0;
+    if (!pow4 || !rotation || q->format != "int8_tensorwise")
+      return unsupported(where + ": layer '" + layer + "' is " + q->format + " with convrot in groups of " +
+                         std::to_string(g) + ", which klein does not compute (groups of a power of 4)");
+    *rotation = g;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// A per-tensor scale: one finite value > 0 of a scale dtype, stored [] or [1].
+Result<float> scalar_scale(const TensorEntry& s, const std::string& where, const std::string& sname) {
+  if (!is_scale_dtype(s.dtype))
+    return unsupported(where + ": scale '" + sname + "' has dtype " + std::string(dtype_name(s.dtype)) +
+                       " (f32, f16 or bf16)");
+  if (!(s.shape.empty() || s.shape == Shape{1}))
+    return format_error(where + ": scale '" + sname + "' has shape " + shape_str(s.shape) +
+                        ", expected a scalar (one scale for the tensor)");
+  const float v = scale_at(s.data, s.dtype, 0);
+  if (!std::isfinite(v) || v <= 0.0f) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return format_error(where + ": scale '" + sname + "' is " + b + "; a weight scale must be finite and > 0");
+  }
+  return v;
+}
+
+}  // namespace
 
 Result<Weight> SafetensorsSource::resolve(const std::string& name, const Companions& c) const {
   const std::string file = file_of(name);
   const std::string where = file + ": tensor '" + name + "'";
+  const TensorEntry* e = store_.entry(name);
+  int64_t rotation = 0;
+  KLEIN_RETURN_IF_ERROR(check_layer_quant(name, where, e->dtype, c.config, &rotation));
+  if (c.scale.empty() || e->dtype != DType::kI8) rotation = 0;  // only int8 layers rotate (else refused above)
+  if (c.scale.empty()) return store_.get(name);  // a float weight whose config said so
   for (const std::string* comp : {&c.scale, &c.offset})
     if (!comp->empty() && !store_.has(*comp))
       return format_error(where + " is a quantized weight, but its companion '" + *comp + "' is missing");
-  const TensorEntry* e = store_.entry(name);
   const TensorEntry* s = store_.entry(c.scale);
+  if (e->dtype == DType::kF8E4M3) return resolve_fp8(name, c, where);
   if (!is_scale_dtype(s->dtype))
     return unsupported(where + ": scales '" + c.scale + "' have dtype " + std::string(dtype_name(s->dtype)) +
                        " (f32, f16 or bf16)");
@@ -126,7 +221,17 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
   w.nbytes = e->nbytes;
   w.scales = s->data;
   w.scale_dtype = s->dtype;
-  if (c.offset.empty()) {
+  if (c.offset.empty() && (s->shape.empty() || s->shape == Shape{1})) {
+    // ComfyUI int8_tensorwise with one scale for the tensor: the same W8A8 arithmetic as Q8_ROW
+    // with that scale in every row (rows floats, owned; the int8 payload stays mapped).
+    KLEIN_ASSIGN_OR_RETURN(const float v, scalar_scale(*s, where, c.scale));
+    auto per_row = std::make_shared<std::vector<float>>(static_cast<size_t>(std::max<int64_t>(rows, 1)), v);
+    w.scales = per_row->data();
+    w.scale_dtype = DType::kF32;
+    w.owner = per_row;
+    w.dtype = DType::kQ8Row;
+    w.shape = e->shape;
+  } else if (c.offset.empty()) {
     // Q8_ROW: int8 [rows, ...] and one scale per row, stored [rows] or [rows, 1].
     if (s->shape != Shape{rows} && s->shape != Shape{rows, 1})
       return format_error(where + ": scales '" + c.scale + "' have shape " + shape_str(s->shape) + ", expected [" +
@@ -154,7 +259,33 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
     w.shape = {rows, cols};
     w.offsets = b->data;
   }
+  if (rotation > 0) {
+    if (w.cols() % rotation != 0)
+      return format_error(where + ": convrot groups of " + std::to_string(rotation) + " do not divide its " +
+                          std::to_string(w.cols()) + " columns");
+    w.act_rotation_group = rotation;
+  }
   if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file + ": " + st.message());
+  return w;
+}
+
+Result<Weight> SafetensorsSource::resolve_fp8(const std::string& name, const Companions& c,
+                                              const std::string& where) const {
+  const TensorEntry* e = store_.entry(name);
+  const TensorEntry* s = store_.entry(c.scale);
+  KLEIN_RETURN_IF_ERROR(scalar_scale(*s, where, c.scale).status());
+  Weight w;
+  w.name = name;
+  w.dtype = DType::kF8E4M3Scaled;
+  w.shape = e->shape;
+  w.data = e->data;
+  w.nbytes = e->nbytes;
+  w.scales = s->data;  // mapped: a per-tensor scale is shared by every row view
+  w.scale_dtype = s->dtype;
+  if (!c.input_scale.empty()) {
+    KLEIN_ASSIGN_OR_RETURN(w.input_scale, scalar_scale(*store_.entry(c.input_scale), where, c.input_scale));
+  }
+  if (Status st = validate_weight(w); !st.ok()) return Status(st.code(), file_of(name) + ": " + st.message());
   return w;
 }
 
@@ -258,6 +389,9 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
   for (const std::string& n : names()) {
     const TensorEntry* e = store_.entry(n);
     auto q = quantized_.find(n);
+    // FP8 weights and float layers with a ComfyUI config are paired too, but they are neither
+    // klein's int8 nor MLX's scheme: for this check they are stored float weights.
+    if (q != quantized_.end() && e->dtype != DType::kI8 && e->dtype != DType::kU32) q = quantized_.end();
     if (q == quantized_.end()) {
       if (e->shape.size() != 2 || !format_traits(e->dtype).is_float || !n.ends_with(".weight")) continue;
       if (first_matrix.empty()) first_matrix = n;

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
@@ -18,6 +20,7 @@
 
 #include "core/status.h"
 #include "core/weight.h"
+#include "io/quant_meta.h"
 #include "io/safetensors.h"
 
 namespace klein {
@@ -55,6 +58,13 @@ std::string mlx_layout_name(int64_t bits, int64_t group);
 //   X.weight I8 [rows, ...] + X.weight_scale [rows] or [rows, 1] (f32/f16/bf16) → Q8_ROW
 //   X.weight U32 [rows, cols/8] + X.scales + X.biases [rows, cols/64] (MLX 4-bit, group 64)
 //     → Q4_G64 [rows, cols]
+//   X.weight F8_E4M3 + scalar X.weight_scale (or X.scale_weight; + X.input_scale / X.scale_input)
+//     → F8_E4M3_SCALED (BFL and ComfyUI fp8); an I8 X.weight with a scalar scale (ComfyUI
+//     int8_tensorwise) → Q8_ROW with the scale repeated per row
+// and checks each layer against ComfyUI's `X.comfy_quant` JSON or the header's
+// `_quantization_metadata` (io/quant_meta.h). The companions are named by quant_companion_rules
+// (io/name_map.h). In a file with scaled fp8 weights an F8_E4M3 weight without a scale is an
+// error; elsewhere F8_E4M3 is a plain type (unscaled fp8 files).
 class SafetensorsSource final : public TensorSource {
  public:
   static Result<std::shared_ptr<SafetensorsSource>> open(const std::filesystem::path& path);
@@ -81,13 +91,21 @@ class SafetensorsSource final : public TensorSource {
  private:
   // Companions of a quantized weight (empty strings for a plain tensor).
   struct Companions {
-    std::string scale, offset;
+    std::string scale, offset, input_scale, config;
   };
   Result<Weight> resolve(const std::string& name, const Companions& c) const;
+  Result<Weight> resolve_fp8(const std::string& name, const Companions& c, const std::string& where) const;
+  // The layer's ComfyUI quantization config (its `config` tensor, else the header's entry for it),
+  // if any, against how `name` is stored; formats klein does not compute are refused. convrot's
+  // group size goes to *rotation (int8 layers); without `rotation` a convrot layer is refused.
+  Status check_layer_quant(const std::string& name, const std::string& where, DType stored,
+                           const std::string& config, int64_t* rotation = nullptr) const;
 
   WeightStore store_;
   std::unordered_map<std::string, Companions> quantized_;  // weight name → its companions
   std::unordered_map<std::string, std::string> companion_of_;  // companion name → weight name
+  Status meta_status_;  // the header's _quantization_metadata, if it did not parse
+  std::map<std::string, LayerQuant> layer_meta_;  // ... and its layers when it did
 };
 
 }  // namespace klein

@@ -29,6 +29,22 @@ std::vector<float> checked_bias_f32(const Weight& W, int64_t K, const Weight* bi
   return b;
 }
 
+// x's rows rotated as W's were (Weight::act_rotation_group: ComfyUI convrot), [M, K] packed.
+std::vector<float> rotated_rows(const float* x, int64_t M, int64_t K, int64_t ldx, const Weight& W, ThreadPool& pool) {
+  const int64_t g = W.act_rotation_group;
+  if (g < 4 || K % g != 0)
+    throw std::invalid_argument("linear: " + W.name + " rotates groups of " + std::to_string(g) + ", K is " +
+                                std::to_string(K));
+  std::vector<float> r(static_cast<size_t>(M * K));
+  pool.parallel_for(M, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      std::copy(x + m * ldx, x + m * ldx + K, r.data() + m * K);
+      ref::hadamard_groups(r.data() + m * K, K, g);
+    }
+  });
+  return r;
+}
+
 }  // namespace
 
 void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias,
@@ -36,6 +52,12 @@ void run_linear(const KernelSet& set, const float* x, int64_t M, int64_t K, cons
   const int64_t N = W.rows();
   const std::vector<float> b = checked_bias_f32(W, K, bias);  // [N] or empty
   if (ldx == 0) ldx = K;
+  std::vector<float> rotated;
+  if (W.act_rotation_group > 0 && M > 0 && K > 0) {
+    rotated = rotated_rows(x, M, K, ldx, W, pool);
+    x = rotated.data();
+    ldx = K;
+  }
   if (ldy == 0) ldy = N;
   if (M <= 0 || N <= 0) return;
   const LinearFn fn = set.get(Op::kLinear, W.dtype).linear;
@@ -64,7 +86,7 @@ void run_linear_swiglu(const KernelSet& set, const float* x, int64_t M, int64_t 
       for (int64_t r = r0; r < r1; ++r) silu_mul(u + r * ldu, u + r * ldu + F, out + r * ldo, F);
     });
   };
-  if (!fused || K == 0 || M <= 0) return unfused();
+  if (!fused || K == 0 || M <= 0 || W.act_rotation_group > 0) return unfused();
   const std::vector<float> b = checked_bias_f32(W, K, bias);  // [2F] or empty
   if (ldx == 0) ldx = K;
   if (!fused(x, M, K, W, b.empty() ? nullptr : b.data(), out, pool, ldx, ldo, silu_mul)) unfused();

@@ -23,6 +23,11 @@ namespace klein::kernels {
 using klein::AttnMask;  // core/attn_mask.h
 
 namespace ref {
+// Each of the K / group groups of `row` (group a power of 4, ≥ 4) multiplied in place by the
+// normalized Hadamard matrix H = h4^{⊗k} / 2^k, h4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]]
+// (comfy-kitchen's regular Hadamard for convrot; symmetric, so row and column forms agree):
+// k stages of 4-point transforms, then one exact power-of-two scaling.
+void hadamard_groups(float* row, int64_t K, int64_t group);
 void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
             int64_t ldx = 0, int64_t ldy = 0);
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq,

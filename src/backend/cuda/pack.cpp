@@ -19,6 +19,9 @@ DType target_dtype(Target t) { return t == Target::kBF16 ? DType::kBF16 : DType:
 Status check_packable(const Weight& w) {
   if (w.device != Device::kCpu) return internal_error("weight '" + w.name + "' is not in host memory");
   if (w.layout != Layout::kRowMajor) return internal_error("weight '" + w.name + "' has a packed (CPU) layout");
+  if (w.act_rotation_group > 0)
+    return unsupported("weight '" + w.name + "' is ComfyUI int8 with convrot (its inputs rotated in groups of " +
+                       std::to_string(w.act_rotation_group) + "), which the CUDA backend does not compute");
   const FormatTraits& f = w.format();
   if (!f.is_weight || !f.row_to_f32)
     return unsupported("weight '" + w.name + "' is stored as " + std::string(f.name) +

@@ -15,6 +15,7 @@
 #include "core/format.h"
 #include "core/weight.h"
 #include "kernels/cpu/gemm_avx512_common.h"
+#include "kernels/cpu/f8_unpack.h"
 #include "kernels/cpu/q4_unpack.h"
 
 namespace klein::kernels {
@@ -102,7 +103,7 @@ inline void f32_to_bf16_row(const float* src, int64_t n, uint16_t* dst) {
   for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
-// Row r of a weight as float32 [K]: vectorised for F32 / BF16 / F16 / Q4_G64, weight_row_to_f32 else.
+// Row r of a weight as float32 [K]: vectorised for F32 / BF16 / F16 / Q4_G64 / F8_E4M3_SCALED, weight_row_to_f32 else.
 inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
   const uint8_t* base = static_cast<const uint8_t*>(W.data);
   int64_t i = 0;
@@ -128,6 +129,8 @@ inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
     std::memcpy(out, base + r * K * 4, K * 4);
   } else if (W.dtype == DType::kQ4G64) {
     q4g64_row_avx2(W, r, 0, K, out);
+  } else if (W.dtype == DType::kF8E4M3Scaled) {
+    f8scaled_row_avx2(W, r, 0, K, out);
   } else {
     weight_row_to_f32(W, r, out);
   }

@@ -1,5 +1,6 @@
 // Scalar reference for kernels::linear: the obvious triple loop, accumulating in double so it is
 // a trustworthy yardstick for the blocked float32 paths (tests bound |fast - ref| against it).
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -24,6 +25,25 @@ void linear(const float* x, int64_t M, int64_t K, const Weight& W, const Weight*
       for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(xr[k]) * w[k];
       y[m * ldy + n] = static_cast<float>(acc);
     }
+  }
+}
+
+void hadamard_groups(float* row, int64_t K, int64_t group) {
+  int k = 0;
+  for (int64_t n = group; n > 1; n /= 4) ++k;
+  const float norm = std::ldexp(1.0f, -k);  // 1 / sqrt(4^k)
+  for (float* g = row; g < row + K; g += group) {
+    // Stage h applies h4 to the base-4 digit of stride h of every index.
+    for (int64_t h = 1; h < group; h *= 4)
+      for (int64_t i = 0; i < group; i += 4 * h)
+        for (int64_t j = i; j < i + h; ++j) {
+          const float a = g[j], b = g[j + h], c = g[j + 2 * h], d = g[j + 3 * h];
+          g[j] = a + b + c - d;
+          g[j + h] = a + b - c + d;
+          g[j + 2 * h] = a - b + c + d;
+          g[j + 3 * h] = -a + b + c + d;
+        }
+    for (int64_t j = 0; j < group; ++j) g[j] *= norm;
   }
 }
 
