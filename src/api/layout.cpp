@@ -96,6 +96,13 @@ Result<std::vector<ComponentSpec>> file_specs(const fs::path& file, const std::s
   if (fs::is_directory(file, ec))
     return invalid_argument(given_as + " " + file.string() +
                             ": expected a safetensors file, got a folder (a diffusers folder goes to --model)");
+  // Named before it is read: a JSON or image file given by mistake is not parsed as a header.
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext != ".safetensors" && ext != ".sft")
+    return invalid_argument(given_as + " " + file.string() + ": expected " +
+                            (given_as == "--model" ? "a diffusers model folder (with model_index.json) or " : "") +
+                            "a .safetensors file");
   KLEIN_ASSIGN_OR_RETURN(auto src, SafetensorsSource::open(file));
   KLEIN_ASSIGN_OR_RETURN(CheckpointInfo info, detect_checkpoint(*src));
   if (info.parts.empty()) return format_error(file.string() + ": holds no tensors (not a klein component)");
