@@ -193,6 +193,11 @@ std::vector<Case> cases() {
     return "generate -q --prompt a -o " + q(x.out) + " --model " + q(data_dir() / "single_file" / kBfl) +
            " --vae " + q(data_dir() / "single_file" / kLdm) + " --text-encoder " + q(wide_qwen3(x));
   }, "gives 3 x 32 = 96");
+  add("MismatchedVae", 2, "wrong pairing: VAE", [=](const Ctx& x) {
+    // The folder's VAE, told it has 16 latent channels, beside a transformer file taking 128.
+    edit_json(x.file("vae/config.json"), [](auto& j) { j["latent_channels"] = 16; });
+    return x.gen("--diffusion-model " + q(data_dir() / "single_file" / kBfl));
+  }, "takes 128");
   add("Flux1Transformer", 1, "it looks like FLUX.1 transformer, BFL names", [=](const Ctx& x) {
     // FLUX.1 modulates per block (double_blocks.N.img_mod) where FLUX.2 shares its modulations.
     const fs::path p = single_copy(x, kBfl, [](const std::string& n) {
