@@ -13,6 +13,7 @@
 #include "api/layout.h"
 #include "io/json_file.h"
 #include "klein/klein.h"
+#include "klein/klein_c.h"
 #include "pipeline/tokenizer.h"
 #include "testing.h"
 
@@ -220,6 +221,40 @@ TEST_P(SameImage, CliGivesTheFoldersImage) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SameImage, ::testing::ValuesIn(single_file_layouts()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {
+  const std::string dit = single("tiny-flux2-bfl.safetensors").string();
+  const std::string te = (tiny() / "text_encoder" / "model.safetensors").string();
+  const std::string vae = single("tiny-flux2-vae-ldm.safetensors").string();
+  klein_load_params lp = klein_load_default_params();
+  lp.diffusion_model = dit.c_str();
+  lp.text_encoder = te.c_str();
+  lp.vae = vae.c_str();
+  klein_model* model = nullptr;
+  klein_error err;
+  ASSERT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_OK) << err.message;
+  klein_generate_params gp = klein_generate_default_params();
+  gp.prompt = "a red cube on a table";
+  gp.width = 64;
+  gp.height = 48;
+  gp.seed = 11;
+  klein_image* img = nullptr;
+  ASSERT_EQ(klein_model_generate(model, &gp, &img, &err), KLEIN_OK) << err.message;
+  auto ref = Model::open(tiny().string());
+  ASSERT_TRUE(ref.ok());
+  auto want = (*ref)->generate(request());
+  ASSERT_TRUE(want.ok());
+  ASSERT_EQ(img->width * img->height * 3, static_cast<int>(want->image.rgb.size()));
+  EXPECT_TRUE(std::equal(want->image.rgb.begin(), want->image.rgb.end(), img->rgb));
+  klein_image_free(img);
+  klein_model_free(model);
+
+  lp.variant = KLEIN_VARIANT_BASE;
+  EXPECT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_UNSUPPORTED);
+  EXPECT_NE(std::string(err.message).find("--variant base"), std::string::npos) << err.message;
+  lp.variant = 7;
+  EXPECT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_INVALID_ARGUMENT);
+}
 
 // ---- variants -------------------------------------------------------------------------------------
 

@@ -161,14 +161,25 @@ def same(got, want, what):
                      f"({g.dtype} {tuple(g.shape)} vs {w.dtype} {tuple(w.shape)})")
 
 
+def check_ldm_vae(ldm, vcfg, want, what):
+    """diffusers' convert_ldm_vae_checkpoint must give back `want`, after FLUX.2's quant convs are
+    lifted to the top level (as ComfyUI does)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    lifted = {("quant_conv." + k[len("encoder.quant_conv."):]) if k.startswith("encoder.quant_conv.") else
+              ("post_quant_conv." + k[len("decoder.post_quant_conv."):]) if k.startswith("decoder.post_quant_conv.")
+              else k: v for k, v in ldm.items()}
+    got = convert_ldm_vae_checkpoint(lifted, vcfg)
+    # diffusers' LDM converter leaves the FLUX.2 batch norm alone (it is not an LDM tensor).
+    got.update({k: v for k, v in lifted.items() if k.startswith("bn.")})
+    same(got, want, what)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO_ROOT, "tests", "data", "single_file"))
     args = ap.parse_args()
-    from diffusers.loaders.single_file_utils import (
-        convert_flux2_transformer_checkpoint_to_diffusers,
-        convert_ldm_vae_checkpoint,
-    )
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
     os.makedirs(args.out, exist_ok=True)
     meta = {"format": "pt"}
@@ -186,13 +197,7 @@ def main():
         vcfg = json.load(f)
     vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
     ldm = vae_to_ldm(vae, len(vcfg["block_out_channels"]), vcfg["layers_per_block"])
-    lifted = {("quant_conv." + k[len("encoder.quant_conv."):]) if k.startswith("encoder.quant_conv.") else
-              ("post_quant_conv." + k[len("decoder.post_quant_conv."):]) if k.startswith("decoder.post_quant_conv.")
-              else k: v for k, v in ldm.items()}
-    got = convert_ldm_vae_checkpoint(lifted, vcfg)
-    # diffusers' LDM converter leaves the FLUX.2 batch norm alone (it is not an LDM tensor).
-    got.update({k: v for k, v in lifted.items() if k.startswith("bn.")})
-    same(got, vae, "LDM VAE")
+    check_ldm_vae(ldm, vcfg, vae, "LDM VAE")
     save_file(ldm, os.path.join(args.out, "tiny-flux2-vae-ldm.safetensors"), metadata=meta)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(vcfg, f, indent=2, sort_keys=True)
@@ -212,13 +217,7 @@ def main():
     if len(aio) != len(bfl) + len(ldm) + len(te):
         sys.exit("make_single_files: all-in-one: the prefixes overlap")
     same(convert_flux2_transformer_checkpoint_to_diffusers(part_of(COMFY_DIT_PREFIX)), dit, "all-in-one transformer")
-    vpart = part_of(COMFY_VAE_PREFIX)
-    lifted = {("quant_conv." + k[len("encoder.quant_conv."):]) if k.startswith("encoder.quant_conv.") else
-              ("post_quant_conv." + k[len("decoder.post_quant_conv."):]) if k.startswith("decoder.post_quant_conv.")
-              else k: v for k, v in vpart.items()}
-    got = convert_ldm_vae_checkpoint(lifted, vcfg)
-    got.update({k: v for k, v in lifted.items() if k.startswith("bn.")})
-    same(got, vae, "all-in-one VAE")
+    check_ldm_vae(part_of(COMFY_VAE_PREFIX), vcfg, vae, "all-in-one VAE")
     same(part_of(COMFY_TE_PREFIX), te, "all-in-one text encoder")
     save_file(aio, os.path.join(args.out, "tiny-flux2-all-in-one.safetensors"), metadata=meta)
     print(f"make_single_files: wrote {len(bfl)} + {len(comfy)} transformer, {len(ldm)} VAE and {len(aio)} all-in-one "
