@@ -12,6 +12,7 @@
 
 #include "api/layout.h"
 #include "io/json_file.h"
+#include "io/npy.h"
 #include "klein/klein.h"
 #include "klein/klein_c.h"
 #include "pipeline/tokenizer.h"
@@ -221,6 +222,32 @@ TEST_P(SameImage, CliGivesTheFoldersImage) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, SameImage, ::testing::ValuesIn(single_file_layouts()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// encode and decode take the same model options as generate.
+TEST(Layout, EncodeAndDecodeReadTheAllInOneFile) {
+  const fs::path dir = testing::make_temp_dir("layout_encdec");
+  const std::string aio = " --model " + q(single("tiny-flux2-all-in-one.safetensors"));
+  const std::string folder = " --model " + q(tiny());
+  for (const auto& [name, model] : {std::pair{"want", folder}, std::pair{"got", aio}}) {
+    auto r = run_cli("encode -q --threads 2 --prompt 'a red cube' --max-length 32" + model + " -o " +
+                     q(dir / (std::string(name) + ".npy")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  auto a = read_npy(dir / "want.npy"), b = read_npy(dir / "got.npy");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->shape, b->shape);
+  EXPECT_EQ(a->to_f32(), b->to_f32());
+
+  std::vector<float> z(128 * 3 * 4);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = std::sin(0.37f * static_cast<float>(i));
+  ASSERT_TRUE(save_npy((dir / "z.npy").string(), {1, 128, 3, 4}, z).ok());
+  for (const auto& [name, model] : {std::pair{"want", folder}, std::pair{"got", aio}}) {
+    auto r = run_cli("decode -q --threads 2 --latents " + q(dir / "z.npy") + model + " -o " +
+                     q(dir / (std::string(name) + ".png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_EQ(slurp(dir / "got.png"), slurp(dir / "want.png"));
+}
 
 TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {
   const std::string dit = single("tiny-flux2-bfl.safetensors").string();

@@ -280,8 +280,8 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
   }
   KLEIN_RETURN_IF_ERROR(check_pairing(l));
 
-  // Scheduler and tokenizer: the folder's; for single files, a tokenizer.json beside the model
-  // file (or beside the transformer's), else the ones built into the library.
+  // Scheduler and tokenizer: the folder's when its model_index.json names them (then they must be
+  // there); else a tokenizer.json beside a model file, else the ones built into the library.
   if (l.folder && l.folder->has("scheduler")) {
     l.scheduler_where = (l.folder->root() / "scheduler" / "scheduler_config.json").string();
     auto sc = l.folder->config("scheduler");
@@ -295,8 +295,6 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
     auto t = l.folder->component("tokenizer");
     if (t.ok()) l.tokenizer = t->dir;
     else l.tokenizer_error = t.status();
-  } else if (l.folder) {
-    l.tokenizer_error = l.folder->component("tokenizer").status();
   } else {
     for (const fs::path& f : single_files)
       if (l.tokenizer.empty() && fs::is_regular_file(f.parent_path() / "tokenizer.json", ec))

@@ -56,7 +56,7 @@ struct Layout {
   std::string scheduler_where;         // the folder's scheduler_config.json, or "built-in"
   Status scheduler_error;              // a folder's broken or missing scheduler
   std::filesystem::path tokenizer;     // a tokenizer folder or tokenizer.json; empty: the built-in one
-  Status tokenizer_error;              // a folder's missing tokenizer
+  Status tokenizer_error;              // a tokenizer model_index.json names but the folder lacks
   bool distilled = true;
   std::string variant_source;          // where `distilled` comes from ("model_index.json is_distilled", "--variant", "default")
   std::vector<std::string> notes;      // one line each, for the caller's log (e.g. "base" in a file name)

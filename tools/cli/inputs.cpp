@@ -150,13 +150,13 @@ void ModelArgs::add(CLI::App* s, const char* model_help) {
   // stable-diffusion.cpp's option names, so that its users' command lines carry over.
   s->add_option("--diffusion-model", diffusion_model,
                 "Transformer (DiT) safetensors file: BFL / ComfyUI names (with or without 'model.diffusion_model.') or "
-                "diffusers names; replaces --model's");
+                "diffusers names; replaces --model's or supplies it");
   s->add_option("--text-encoder", text_encoder,
                 "Qwen3 text encoder safetensors file (transformers names, e.g. ComfyUI's qwen_3_4b.safetensors); "
-                "replaces --model's");
+                "replaces --model's or supplies it");
   s->add_option("--vae", vae,
                 "VAE safetensors file (BFL ae.safetensors / ComfyUI flux2-vae LDM names, or diffusers names); replaces "
-                "--model's");
+                "--model's or supplies it");
   s->add_option("--variant", variant,
                 "distilled or base: what single files hold (they do not say; a diffusers folder's model_index.json "
                 "does). Default: distilled, with a note when a file name contains 'base'. base (CFG) generation is "
