@@ -98,7 +98,8 @@ Result<std::vector<ComponentSpec>> file_specs(const fs::path& file, const std::s
                             ": expected a safetensors file, got a folder (a diffusers folder goes to --model)");
   // Named before it is read: a JSON or image file given by mistake is not parsed as a header.
   std::string ext = file.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (ext != ".safetensors" && ext != ".sft")
     return invalid_argument(given_as + " " + file.string() + ": expected " +
                             (given_as == "--model" ? "a diffusers model folder (with model_index.json) or " : "") +
@@ -119,7 +120,8 @@ Result<std::vector<ComponentSpec>> file_specs(const fs::path& file, const std::s
     spec.scheme = p.scheme;
     spec.family = p.family;
     spec.description = p.description;
-    spec.config_where = file.string() + (p.prefix.empty() ? "" : " '" + p.prefix + "'") + " (config from its tensor shapes)";
+    spec.config_where =
+        file.string() + (p.prefix.empty() ? "" : " '" + p.prefix + "'") + " (config from its tensor shapes)";
     KLEIN_ASSIGN_OR_RETURN(spec.config, preset_config(p, file.string()));
     // A config.json beside the file for this component wins over the preset, as a component
     // folder's does (diffusers' layout: vae/config.json beside its weights): it carries what
@@ -260,8 +262,8 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
     if (specs.size() != 1 || specs[0].role != r.name) {
       std::vector<std::string> what;
       for (const auto& s : specs) what.push_back(s.description);
-      return invalid_argument(std::string(r.option) + " " + *path + ": expected a " + r.words + ", but the file holds " +
-                              join(what, "; "));
+      return invalid_argument(std::string(r.option) + " " + *path + ": expected a " + r.words +
+                              ", but the file holds " + join(what, "; "));
     }
     replaced = replaced || slot(l, c).spec.has_value();
     slot(l, c).spec = std::move(specs[0]);

@@ -58,7 +58,8 @@ struct Layout {
   std::filesystem::path tokenizer;     // a tokenizer folder or tokenizer.json; empty: the built-in one
   Status tokenizer_error;              // a tokenizer model_index.json names but the folder lacks
   bool distilled = true;
-  std::string variant_source;          // where `distilled` comes from ("model_index.json is_distilled", "--variant", "default")
+  std::string variant_source;          // where `distilled` comes from ("model_index.json is_distilled",
+                                       // "--variant", "default for single files")
   std::vector<std::string> notes;      // one line each, for the caller's log (e.g. "base" in a file name)
   std::string given;                   // what was given, for messages: "--model X, --vae Y"
 

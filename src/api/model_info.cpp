@@ -134,9 +134,11 @@ ModelInfo describe(const api::Layout& l, const std::string& path) {
       }
       if (name == "tokenizer") {
         if (!l.tokenizer_error.ok()) c.error = "missing: " + l.tokenizer_error.message();
-        else c.dir = l.tokenizer.empty() ? std::string("built-in (Qwen3, as FLUX.2-klein's tokenizer/)") : l.tokenizer.string();
+        else if (l.tokenizer.empty()) c.dir = "built-in (Qwen3, as FLUX.2-klein's tokenizer/)";
+        else c.dir = l.tokenizer.string();
       } else if (name == "scheduler") {
-        if (!l.scheduler_error.ok()) c.error = (in_folder && f->component(name).ok() ? "config: " : "missing: ") + l.scheduler_error.message();
+        if (!l.scheduler_error.ok())
+          c.error = (in_folder && f->component(name).ok() ? "config: " : "missing: ") + l.scheduler_error.message();
         else {
           c.dir = f && in_folder ? f->component(name)->dir.string() : l.scheduler_where;
           c.config = config_entries(l.scheduler);

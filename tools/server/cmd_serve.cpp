@@ -78,7 +78,11 @@ Command make_serve_command() {
     if (!o->ma.any())
       std::fprintf(stderr, "note: no --model given; serving the tiny random-weight test model (%s): images are noise\n",
                    so.queue.model_dir.c_str());
-    note_quantized_fp32(so.queue.load.precision, [&] { return Model::inspect(so.queue.model_dir, so.queue.load); });
+    // The model opens in the background: its notes (a file name that suggests a base model) come
+    // from a look at it now.
+    const auto info = Model::inspect(so.queue.model_dir, so.queue.load);
+    if (info.ok()) print_notes(info->notes);
+    note_quantized_fp32(so.queue.load.precision, [&] { return info; });
     return server::serve(so);
   };
   return c;
