@@ -198,6 +198,10 @@ std::vector<Case> cases() {
     edit_json(x.file("vae/config.json"), [](auto& j) { j["latent_channels"] = 16; });
     return x.gen("--diffusion-model " + q(data_dir() / "single_file" / kBfl));
   }, "takes 128");
+  add("VariantDistilledOverBaseFolder", 2, "--variant distilled", [](const Ctx& x) {
+    edit_json(x.file("model_index.json"), [](auto& j) { j["is_distilled"] = false; });
+    return x.gen("--variant distilled");
+  }, "says is_distilled false");
   add("Flux1Transformer", 1, "it looks like FLUX.1 transformer, BFL names", [=](const Ctx& x) {
     // FLUX.1 modulates per block (double_blocks.N.img_mod) where FLUX.2 shares its modulations.
     const fs::path p = single_copy(x, kBfl, [](const std::string& n) {

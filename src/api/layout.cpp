@@ -215,8 +215,6 @@ Status Layout::complete() const {
   return scheduler_error;
 }
 
-const char* variant_name(bool distilled) { return distilled ? "distilled" : "base"; }
-
 LayoutRequest layout_request(const std::string& model, const LoadOptions& o) {
   return {model, o.diffusion_model, o.text_encoder, o.vae, o.variant};
 }
@@ -303,26 +301,26 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
         l.tokenizer = f.parent_path() / "tokenizer.json";
   }
 
-  // The variant: only a folder says it; a single file is assumed distilled unless told.
-  if (l.folder) {
+  // The variant is the transformer's: a folder's says it in model_index.json; a transformer file
+  // does not (distilled and base have the same tensors), so it is the caller's word or distilled.
+  const ComponentSpec* dit = l.transformer.spec ? &*l.transformer.spec : nullptr;
+  if (l.folder && (!dit || dit->from_folder)) {
     l.distilled = l.folder->is_distilled();
     l.variant_source = "model_index.json is_distilled";
+    if (req.variant == Variant::kDistilled && !l.distilled)
+      return invalid_argument("--variant distilled: " + (l.folder->root() / "model_index.json").string() +
+                              " says is_distilled false (a base model)");
+  } else if (req.variant != Variant::kAuto) {
+    l.distilled = req.variant == Variant::kDistilled;
+    l.variant_source = "--variant";
   } else {
     l.distilled = true;
     l.variant_source = "default for single files";
+    if (dit && name_says_base(dit->path))
+      l.notes.push_back(dit->path.filename().string() +
+                        ": the file name suggests a base (undistilled) model; running it as distilled (4 steps, no "
+                        "guidance); --variant distilled silences this note");
   }
-  if (req.variant != Variant::kAuto) {
-    l.distilled = req.variant == Variant::kDistilled;
-    l.variant_source = "--variant";
-  }
-  if (l.distilled && !l.folder) {
-    for (const fs::path& f : single_files)
-      if (name_says_base(f))
-        l.notes.push_back(f.filename().string() +
-                          ": the file name suggests a base (undistilled) model; running it as distilled (4 steps, no "
-                          "guidance); --variant distilled silences this note");
-  }
-  if (req.variant == Variant::kDistilled) l.notes.clear();
   return l;
 }
 

@@ -82,6 +82,4 @@ LayoutRequest layout_request(const std::string& model, const LoadOptions& option
 // `klein info` can still report the rest (Layout::complete says whether the pipeline can run).
 Result<Layout> resolve_layout(const LayoutRequest& request);
 
-const char* variant_name(bool distilled);
-
 }  // namespace klein::api

@@ -234,7 +234,7 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     if (options.variant == Variant::kBase)
       return unsupported("--variant base: base (undistilled) generation needs classifier-free guidance (CFG), which "
                          "klein.cpp does not support yet; only the distilled models run");
-    if (!l.distilled)
+    if (!l.distilled && l.folder)
       return unsupported((l.folder->root() / "model_index.json").string() +
                          ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
                          "which klein.cpp does not implement yet");
