@@ -5,6 +5,7 @@
 // (scripts/reference/make_single_files.py, checked against diffusers' converters), never by klein.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -247,6 +248,37 @@ TEST(Layout, EncodeAndDecodeReadTheAllInOneFile) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   EXPECT_EQ(slurp(dir / "got.png"), slurp(dir / "want.png"));
+}
+
+// quantize takes the same model options: the single files are written out under diffusers names
+// and quantized as the folder is, so both outputs give one image.
+TEST(Layout, QuantizeFromSingleFilesGivesTheFoldersQuantizedModel) {
+  const fs::path dir = testing::make_temp_dir("layout_quant");
+  auto r = run_cli("quantize -q --type q8 --model " + q(tiny()) + " -o " + q(dir / "folder-q8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("quantize -q --type q8 --diffusion-model " + q(single("tiny-flux2-bfl.safetensors")) +
+              " --text-encoder " + q(tiny() / "text_encoder" / "model.safetensors") + " --vae " +
+              q(single("tiny-flux2-vae-ldm.safetensors")) + " -o " + q(dir / "files-q8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Nothing staged is left beside the output.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"files-q8", "folder-q8"}));
+  auto a = Model::open((dir / "folder-q8").string());
+  auto b = Model::open((dir / "files-q8").string());
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  auto want = (*a)->generate(request());
+  auto got = (*b)->generate(request());
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->image.rgb, want->image.rgb);
+  auto info = (*b)->info();
+  ASSERT_TRUE(info.ok());
+  bool q8 = false;
+  for (const auto& c : info->components)
+    for (const auto& d : c.by_dtype) q8 = q8 || (c.name == "transformer" && d.dtype == "Q8_ROW");
+  EXPECT_TRUE(q8);
 }
 
 TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {

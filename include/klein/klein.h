@@ -341,8 +341,8 @@ KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& s
 // float32: e.g. latents dumped by `--dump` (latents_stepN.npy) for Model::decode.
 KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 
-// `klein quantize`: a model folder rewritten with low-bit weights, same diffusers layout, that
-// Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +
+// `klein quantize`: a model (a folder, or single files written out as one first) rewritten as a
+// diffusers folder with low-bit weights that Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +
 // X.weight_scale), computed W8A8 under Precision::kFast; q4: MLX affine int4, groups of 64 along
 // the input dimension (X.weight U32 + X.scales + X.biases, bf16), as mx.quantize(w, 64, 4) makes
 // them; bf16: float weights rounded to bf16. The text encoder and transformer are rewritten; the
@@ -353,7 +353,12 @@ KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 // already q8 / q4 (integer weights) is refused with Code::kUnsupported: quantize from the
 // full-precision folder (a bf16 one is fine).
 struct QuantizeOptions {
-  std::string model;              // input folder (model_index.json)
+  std::string model;              // input: a diffusers folder or a safetensors file (as Model::open)
+  // Separate component files and the variant, as LoadOptions: a model given as files is first
+  // written out as a diffusers folder (float weights under diffusers names, beside the output,
+  // removed after), which is then quantized; the output is a diffusers folder either way.
+  std::string diffusion_model, text_encoder, vae;
+  Variant variant = Variant::kAuto;
   std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)
   std::string type = "q8";        // "q8", "q4" or "bf16"
   std::vector<std::string> keep;  // extra globs of tensors kept as stored

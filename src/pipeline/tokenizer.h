@@ -54,6 +54,8 @@ class Tokenizer {
   // The Qwen3 tokenizer built into the library (the tokenizer.json of FLUX.2-klein's
   // tokenizer/ folder, embedded at build time), parsed on every call.
   static Result<Tokenizer> builtin();
+  // That tokenizer.json's text (to write it out beside a converted model).
+  static std::string_view builtin_json();
 
   // Raw text -> ids; no chat template, no truncation, no padding. "" gives no ids.
   std::vector<int32_t> encode(std::string_view text) const;

@@ -13,9 +13,10 @@ extern const uint64_t klein_builtin_tokenizer_json_size;
 
 namespace klein {
 
-Result<Tokenizer> Tokenizer::builtin() {
-  return from_json_text(std::string_view(klein_builtin_tokenizer_json, klein_builtin_tokenizer_json_size),
-                        "the built-in Qwen3 tokenizer");
+std::string_view Tokenizer::builtin_json() {
+  return std::string_view(klein_builtin_tokenizer_json, klein_builtin_tokenizer_json_size);
 }
+
+Result<Tokenizer> Tokenizer::builtin() { return from_json_text(builtin_json(), "the built-in Qwen3 tokenizer"); }
 
 }  // namespace klein
