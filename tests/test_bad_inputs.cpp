@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "io/safetensors_writer.h"
 #include "corrupt.h"
 #include "testing.h"
 
@@ -39,6 +40,34 @@ struct Case {
   std::function<std::string(const Ctx&)> setup;  // builds the bad input, returns the CLI arguments
   const char* also = nullptr;  // a second substring of that line (e.g. the tensor beside the file)
 };
+
+// A copy of the independent writer's single file `name` in the case's folder, its header's
+// tensor names passed through `rename` (an empty result drops the tensor from the header).
+fs::path single_copy(const Ctx& x, const std::string& name, const std::function<std::string(const std::string&)>& rename) {
+  const fs::path p = x.dir / name;
+  StFile f = st_read(data_dir() / "single_file" / name);
+  auto h = nlohmann::json::parse(f.header);
+  nlohmann::json out = nlohmann::json::object();
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string n = it.key() == "__metadata__" ? it.key() : rename(it.key());
+    if (!n.empty()) out[n] = it.value();
+  }
+  st_write(p, out.dump(), f.data);
+  return p;
+}
+// A Qwen3 shaped like an 8B beside a 4B (hidden 32, where the tiny transformer takes 3 x 16): the
+// tensors detection and the config preset read, zeros.
+fs::path wide_qwen3(const Ctx& x) {
+  static const std::vector<float> zeros(64 * 64, 0.0f);
+  const fs::path p = x.dir / "qwen3-wide.safetensors";
+  EXPECT_TRUE(write_safetensors(p, {{"model.embed_tokens.weight", DType::kF32, {64, 32}, zeros.data()},
+                                    {"model.layers.0.self_attn.q_proj.weight", DType::kF32, {32, 32}, zeros.data()},
+                                    {"model.layers.0.self_attn.k_proj.weight", DType::kF32, {16, 32}, zeros.data()},
+                                    {"model.layers.0.self_attn.q_norm.weight", DType::kF32, {8}, zeros.data()},
+                                    {"model.layers.0.mlp.gate_proj.weight", DType::kF32, {64, 32}, zeros.data()}})
+                  .ok());
+  return p;
+}
 
 const std::string kTe = "text_encoder/model.safetensors";
 const std::string kDit = "transformer/diffusion_pytorch_model.safetensors";
@@ -142,6 +171,51 @@ std::vector<Case> cases() {
     add("InfoCpuIsaTheCpuLacks", 2, lacked_line.c_str(), [](const Ctx&) { return "info --cpu --isa " + lacked; });
   }
   add("InfoIsaWithoutCpu", 2, "--isa scalar: only with --cpu", [](const Ctx& x) { return "info --model " + q(x.model) + " --isa scalar"; });
+  // ---- single files (the layout resolver): the files are the independent writer's, renamed
+  const std::string kBfl = "tiny-flux2-bfl.safetensors", kAio = "tiny-flux2-all-in-one.safetensors";
+  const std::string kLdm = "tiny-flux2-vae-ldm.safetensors";
+  add("SingleFileWrongPrefix", 1, "not a FLUX.2 [klein] component: it looks like", [=](const Ctx& x) {
+    // "diffusion_model." is no prefix ComfyUI writes: the names are in no known scheme.
+    const fs::path p = single_copy(x, "tiny-flux2-bfl-comfy.safetensors", [](const std::string& n) {
+      return n.substr(std::string("model.").size());
+    });
+    return "generate -q --prompt a -o " + q(x.out) + " --model " + q(p);
+  }, "no known naming scheme");
+  add("AllInOneWithoutVae", 1, "no VAE: --model", [=](const Ctx& x) {
+    const fs::path p = single_copy(x, kAio, [](const std::string& n) { return n.starts_with("vae.") ? "" : n; });
+    return "generate -q --prompt a -o " + q(x.out) + " --model " + q(p);
+  }, "--vae FILE");
+  add("InfoAllInOneWithoutVae", 1, "vae: missing: no VAE", [=](const Ctx& x) {
+    const fs::path p = single_copy(x, kAio, [](const std::string& n) { return n.starts_with("vae.") ? "" : n; });
+    return "info --model " + q(p);
+  });
+  add("MismatchedTextEncoder", 2, "wrong pairing: transformer", [=](const Ctx& x) {
+    return "generate -q --prompt a -o " + q(x.out) + " --model " + q(data_dir() / "single_file" / kBfl) +
+           " --vae " + q(data_dir() / "single_file" / kLdm) + " --text-encoder " + q(wide_qwen3(x));
+  }, "gives 3 x 32 = 96");
+  add("MismatchedVae", 2, "wrong pairing: VAE", [=](const Ctx& x) {
+    // The folder's VAE, told it has 16 latent channels, beside a transformer file taking 128.
+    edit_json(x.file("vae/config.json"), [](auto& j) { j["latent_channels"] = 16; });
+    return x.gen("--diffusion-model " + q(data_dir() / "single_file" / kBfl));
+  }, "takes 128");
+  add("VariantDistilledOverBaseFolder", 2, "--variant distilled", [](const Ctx& x) {
+    edit_json(x.file("model_index.json"), [](auto& j) { j["is_distilled"] = false; });
+    return x.gen("--variant distilled");
+  }, "says is_distilled false");
+  add("Flux1Transformer", 1, "it looks like FLUX.1 transformer, BFL names", [=](const Ctx& x) {
+    // FLUX.1 modulates per block (double_blocks.N.img_mod) where FLUX.2 shares its modulations.
+    const fs::path p = single_copy(x, kBfl, [](const std::string& n) {
+      if (n == "double_stream_modulation_img.lin.weight") return std::string("double_blocks.0.img_mod.lin.weight");
+      if (n == "single_stream_modulation.lin.weight") return std::string("single_blocks.0.modulation.lin.weight");
+      return n;
+    });
+    return x.gen("--diffusion-model " + q(p));
+  });
+  add("VaeNotSafetensors", 2, "--vae", [=](const Ctx& x) { return x.gen("--vae " + x.img("jpg_444.jpg")); },
+      "expected a .safetensors file");
+  add("TransformerGivenAsVae", 2, "--vae", [=](const Ctx& x) {
+    return x.gen("--vae " + q(data_dir() / "single_file" / kBfl));
+  }, "expected a VAE, but the file holds FLUX.2-architecture transformer");
   add("InfoVaeFolderMissing", 1, "component folder \"vae\" is missing", [](const Ctx& x) {
     fs::remove_all(x.file("vae"));
     return "info --model " + q(x.model);

@@ -87,6 +87,15 @@ enum class BackendKind {
 // `threads` is refused: each is an OS thread).
 inline constexpr int kMaxThreads = 1024;
 
+// Which training a model file holds. Only a diffusers folder says it (model_index.json's
+// is_distilled); single files are shape-identical, so the caller says it or distilled is assumed.
+enum class Variant {
+  kAuto,       // a folder's is_distilled; for single files distilled (with a note when a file
+               // name contains "base")
+  kDistilled,  // the 4-step distilled model
+  kBase,       // the undistilled base model: needs classifier-free guidance, not supported yet
+};
+
 struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores; at most kMaxThreads
   MemoryPolicy memory = MemoryPolicy::kLow;
@@ -109,6 +118,11 @@ struct LoadOptions {
   // A request that cannot fit fails before any work with the size it needs.
   double max_memory_gib = 0;
   BackendKind backend = BackendKind::kAuto;
+  // Separate component files (safetensors: BFL / ComfyUI / diffusers / transformers names, with or
+  // without ComfyUI's all-in-one prefixes), each replacing that component of the model path, or
+  // giving it when the model path is empty or a single file that lacks it. Empty: none.
+  std::string diffusion_model, text_encoder, vae;
+  Variant variant = Variant::kAuto;
 };
 
 // The largest max_memory_gib / vae_tile_above_gib accepted (a budget beyond it means nothing).
@@ -194,9 +208,11 @@ struct TokenizeResult {
   std::vector<int32_t> mask;  // only with a max_length
 };
 
-// What `klein info` prints: a model folder's components, configs and weights.
+// What `klein info` prints: a model's components (from a folder or files), configs and weights.
 struct ComponentSummary {
-  std::string name, class_name, library, dir;
+  std::string name, class_name, library, dir;  // dir: the component's folder or file
+  std::string scheme, family;  // naming scheme ("diffusers", "BFL", "LDM", "transformers") and what it is
+  std::string description;     // one line (detection's), e.g. "FLUX.2 [klein] 4B transformer, BFL names (…)"
   std::string error;  // non-empty: missing or unreadable (the rest may be partial)
   std::vector<std::pair<std::string, std::string>> config;  // scalar / short numeric config entries, JSON text
   bool has_weights = false;
@@ -213,7 +229,10 @@ struct ComponentSummary {
 
 struct ModelInfo {
   std::string path, pipeline_class;
+  std::string layout;          // "diffusers folder", "single file", "single files", "all-in-one checkpoint", …
   bool distilled = false;
+  std::string variant_source;  // what says `distilled` (model_index.json, --variant, the single-file default)
+  std::vector<std::string> notes;
   std::vector<ComponentSummary> components;  // by name
   int errors = 0;                         // components with a non-empty error
 };
@@ -231,6 +250,9 @@ class KLEIN_API Model {
   // Describes a folder without loading it; broken components are reported, not fatal. Reads the
   // configs and the safetensors headers.
   static Result<ModelInfo> inspect(const std::string& path);
+  // The same for what `options` adds: its separate component files (diffusion_model,
+  // text_encoder, vae, which `path` may leave empty) and its variant.
+  static Result<ModelInfo> inspect(const std::string& path, const LoadOptions& options);
 
   ~Model();
   Model(Model&&) noexcept;
@@ -259,6 +281,9 @@ class KLEIN_API Model {
   // Reads the safetensors headers (file I/O) for parameter counts and sizes.
   Result<ModelInfo> info() const;
   const LoadOptions& load_options() const;
+  // Notes from opening, one line each, for the caller to show (e.g. a single file whose name
+  // suggests a base model, run as distilled).
+  const std::vector<std::string>& notes() const;
   // What runs the models: "cpu" or "cuda" (what BackendKind::kAuto chose); "" for a
   // tokenizer-only model.
   std::string backend_name() const;
@@ -316,8 +341,8 @@ KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& s
 // float32: e.g. latents dumped by `--dump` (latents_stepN.npy) for Model::decode.
 KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 
-// `klein quantize`: a model folder rewritten with low-bit weights, same diffusers layout, that
-// Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +
+// `klein quantize`: a model (a folder, or single files written out as one first) rewritten as a
+// diffusers folder with low-bit weights that Model::open loads without conversion. q8: int8 per output row + f32 scale (X.weight I8 +
 // X.weight_scale), computed W8A8 under Precision::kFast; q4: MLX affine int4, groups of 64 along
 // the input dimension (X.weight U32 + X.scales + X.biases, bf16), as mx.quantize(w, 64, 4) makes
 // them; bf16: float weights rounded to bf16. The text encoder and transformer are rewritten; the
@@ -328,7 +353,12 @@ KLEIN_API Result<FloatArray> load_npy(const std::string& path);
 // already q8 / q4 (integer weights) is refused with Code::kUnsupported: quantize from the
 // full-precision folder (a bf16 one is fine).
 struct QuantizeOptions {
-  std::string model;              // input folder (model_index.json)
+  std::string model;              // input: a diffusers folder or a safetensors file (as Model::open)
+  // Separate component files and the variant, as LoadOptions: a model given as files is first
+  // written out as a diffusers folder (float weights under diffusers names, beside the output,
+  // removed after), which is then quantized; the output is a diffusers folder either way.
+  std::string diffusion_model, text_encoder, vae;
+  Variant variant = Variant::kAuto;
   std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)
   std::string type = "q8";        // "q8", "q4" or "bf16"
   std::vector<std::string> keep;  // extra globs of tensors kept as stored

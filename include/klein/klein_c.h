@@ -58,6 +58,12 @@ typedef enum klein_backend {
   KLEIN_BACKEND_CUDA = 2  /* fails at open without a device or in a build without -DKLEIN_CUDA=ON */
 } klein_backend;
 
+typedef enum klein_variant {
+  KLEIN_VARIANT_AUTO = 0,      /* a folder's is_distilled; single files: distilled (default) */
+  KLEIN_VARIANT_DISTILLED = 1,
+  KLEIN_VARIANT_BASE = 2       /* refused at open: base (CFG) generation is not supported yet */
+} klein_variant;
+
 typedef struct klein_model klein_model; /* opaque */
 
 /* An 8-bit RGB image, row-major, height * width * 3 bytes. */
@@ -84,6 +90,12 @@ typedef struct klein_load_params {
   int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
   double max_memory_gib; /* memory budget in GiB, 0 (none) to 1e6 (klein.h LoadOptions::max_memory_gib) */
   int backend;        /* a klein_backend: KLEIN_BACKEND_AUTO (default), KLEIN_BACKEND_CPU or KLEIN_BACKEND_CUDA */
+  /* Separate component safetensors files (NULL or "": none), each replacing that part of `path` or
+     giving it when `path` is NULL / "" or a single file without it (klein.h LoadOptions). */
+  const char* diffusion_model;
+  const char* text_encoder;
+  const char* vae;
+  int variant;        /* a klein_variant */
 } klein_load_params;
 
 typedef struct klein_generate_params {
@@ -108,7 +120,8 @@ typedef struct klein_generate_params {
 KLEIN_API klein_load_params klein_load_default_params(void);
 KLEIN_API klein_generate_params klein_generate_default_params(void);
 
-/* Opens a diffusers model folder (configs, scheduler, tokenizer parsed once). params may be NULL. */
+/* Opens a model (configs, scheduler, tokenizer parsed once): a diffusers folder or one safetensors file
+   (path may be NULL or "" when params names the component files). params may be NULL. */
 KLEIN_API klein_status klein_model_open(const char* path, const klein_load_params* params, klein_model** out,
                                         klein_error* err);
 /* Runs one request; *out receives a new image (free it with klein_image_free). */

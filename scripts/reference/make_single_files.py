@@ -10,6 +10,15 @@ writes them with the safetensors package:
     tests/data/single_file/tiny-flux2-bfl-comfy.safetensors  the same under "model.diffusion_model."
                                                              (a ComfyUI SaveCheckpoint file's DiT)
     tests/data/single_file/tiny-flux2-vae-ldm.safetensors    BFL ae.safetensors / ComfyUI flux2-vae names
+    tests/data/single_file/tiny-flux2-all-in-one.safetensors ComfyUI SaveCheckpoint: the DiT (BFL names) under
+                                                             "model.diffusion_model.", the VAE (LDM names) under
+                                                             "vae.", the Qwen3 text encoder (transformers names)
+                                                             under "text_encoders.qwen3_4b.transformer."
+    tests/data/single_file/config.json                       the tiny VAE's config.json: its GroupNorm count (4)
+                                                             is not in the weights (released VAEs use 32)
+
+The Qwen3 single file is tests/data/tiny/text_encoder/model.safetensors itself: transformers saves
+a small model as one file, under the names ComfyUI's qwen_3_4b.safetensors uses.
 
 Each file verifies itself: diffusers' own converters (single_file_utils.py:
 convert_flux2_transformer_checkpoint_to_diffusers; convert_ldm_vae_checkpoint after lifting FLUX.2's
@@ -33,6 +42,9 @@ from safetensors.torch import load_file, save_file
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = os.path.join(REPO_ROOT, "tests", "data", "tiny")
 COMFY_DIT_PREFIX = "model.diffusion_model."
+# ComfyUI supported_models.py: Flux2's VAE and its Qwen3 4B text encoder in a saved checkpoint.
+COMFY_VAE_PREFIX = "vae."
+COMFY_TE_PREFIX = "text_encoders.qwen3_4b.transformer."
 
 
 def dit_to_bfl(sd, num_layers, num_single_layers):
@@ -149,14 +161,25 @@ def same(got, want, what):
                      f"({g.dtype} {tuple(g.shape)} vs {w.dtype} {tuple(w.shape)})")
 
 
+def check_ldm_vae(ldm, vcfg, want, what):
+    """diffusers' convert_ldm_vae_checkpoint must give back `want`, after FLUX.2's quant convs are
+    lifted to the top level (as ComfyUI does)."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    lifted = {("quant_conv." + k[len("encoder.quant_conv."):]) if k.startswith("encoder.quant_conv.") else
+              ("post_quant_conv." + k[len("decoder.post_quant_conv."):]) if k.startswith("decoder.post_quant_conv.")
+              else k: v for k, v in ldm.items()}
+    got = convert_ldm_vae_checkpoint(lifted, vcfg)
+    # diffusers' LDM converter leaves the FLUX.2 batch norm alone (it is not an LDM tensor).
+    got.update({k: v for k, v in lifted.items() if k.startswith("bn.")})
+    same(got, want, what)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(REPO_ROOT, "tests", "data", "single_file"))
     args = ap.parse_args()
-    from diffusers.loaders.single_file_utils import (
-        convert_flux2_transformer_checkpoint_to_diffusers,
-        convert_ldm_vae_checkpoint,
-    )
+    from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
     os.makedirs(args.out, exist_ok=True)
     meta = {"format": "pt"}
@@ -174,16 +197,31 @@ def main():
         vcfg = json.load(f)
     vae = load_file(os.path.join(TINY, "vae", "diffusion_pytorch_model.safetensors"))
     ldm = vae_to_ldm(vae, len(vcfg["block_out_channels"]), vcfg["layers_per_block"])
-    lifted = {("quant_conv." + k[len("encoder.quant_conv."):]) if k.startswith("encoder.quant_conv.") else
-              ("post_quant_conv." + k[len("decoder.post_quant_conv."):]) if k.startswith("decoder.post_quant_conv.")
-              else k: v for k, v in ldm.items()}
-    got = convert_ldm_vae_checkpoint(lifted, vcfg)
-    # diffusers' LDM converter leaves the FLUX.2 batch norm alone (it is not an LDM tensor).
-    got.update({k: v for k, v in lifted.items() if k.startswith("bn.")})
-    same(got, vae, "LDM VAE")
+    check_ldm_vae(ldm, vcfg, vae, "LDM VAE")
     save_file(ldm, os.path.join(args.out, "tiny-flux2-vae-ldm.safetensors"), metadata=meta)
-    print(f"make_single_files: wrote {len(bfl)} + {len(comfy)} transformer and {len(ldm)} VAE tensors to {args.out}; "
-          "diffusers' converters give back the tiny model exactly")
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(vcfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+    # The all-in-one checkpoint: the three parts under ComfyUI's prefixes. Each part, its prefix
+    # removed, must go through the converters above (the text encoder is already in transformers
+    # names) back to the tiny model.
+    te = load_file(os.path.join(TINY, "text_encoder", "model.safetensors"))
+    aio = {}
+    for prefix, part in ((COMFY_DIT_PREFIX, bfl), (COMFY_VAE_PREFIX, ldm), (COMFY_TE_PREFIX, te)):
+        aio.update({prefix + k: v for k, v in part.items()})
+
+    def part_of(prefix):
+        return {k[len(prefix):]: v for k, v in aio.items() if k.startswith(prefix)}
+
+    if len(aio) != len(bfl) + len(ldm) + len(te):
+        sys.exit("make_single_files: all-in-one: the prefixes overlap")
+    same(convert_flux2_transformer_checkpoint_to_diffusers(part_of(COMFY_DIT_PREFIX)), dit, "all-in-one transformer")
+    check_ldm_vae(part_of(COMFY_VAE_PREFIX), vcfg, vae, "all-in-one VAE")
+    same(part_of(COMFY_TE_PREFIX), te, "all-in-one text encoder")
+    save_file(aio, os.path.join(args.out, "tiny-flux2-all-in-one.safetensors"), metadata=meta)
+    print(f"make_single_files: wrote {len(bfl)} + {len(comfy)} transformer, {len(ldm)} VAE and {len(aio)} all-in-one "
+          f"tensors to {args.out}; diffusers' converters give back the tiny model exactly")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ klein_load_params klein_load_default_params(void) {
   p.precision = KLEIN_PRECISION_FP32;
   p.max_memory_gib = 0;
   p.backend = KLEIN_BACKEND_AUTO;
+  p.diffusion_model = nullptr;
+  p.text_encoder = nullptr;
+  p.vae = nullptr;
+  p.variant = KLEIN_VARIANT_AUTO;
   return p;
 }
 
@@ -57,8 +61,10 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
   const klein::Status s = klein::api::guarded("klein_model_open", [&]() -> klein::Status {
     if (!out) return klein::invalid_argument("klein_model_open: out is NULL");
     *out = nullptr;
-    if (!path) return klein::invalid_argument("klein_model_open: path is NULL");
     const klein_load_params p = params ? *params : klein_load_default_params();
+    if (p.variant != KLEIN_VARIANT_AUTO && p.variant != KLEIN_VARIANT_DISTILLED && p.variant != KLEIN_VARIANT_BASE)
+      return klein::invalid_argument(
+          "klein_model_open: variant must be KLEIN_VARIANT_AUTO, KLEIN_VARIANT_DISTILLED or KLEIN_VARIANT_BASE");
     if (p.memory != KLEIN_MEMORY_LOW && p.memory != KLEIN_MEMORY_RESIDENT)
       return klein::invalid_argument("klein_model_open: memory must be KLEIN_MEMORY_LOW or KLEIN_MEMORY_RESIDENT");
     if (p.precision != KLEIN_PRECISION_FP32 && p.precision != KLEIN_PRECISION_FAST)
@@ -76,7 +82,13 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.backend = p.backend == KLEIN_BACKEND_CUDA  ? klein::BackendKind::kCuda
                 : p.backend == KLEIN_BACKEND_CPU ? klein::BackendKind::kCpu
                                                  : klein::BackendKind::kAuto;
-    auto m = klein::Model::open(path, o);
+    o.diffusion_model = p.diffusion_model ? p.diffusion_model : "";
+    o.text_encoder = p.text_encoder ? p.text_encoder : "";
+    o.vae = p.vae ? p.vae : "";
+    o.variant = p.variant == KLEIN_VARIANT_BASE        ? klein::Variant::kBase
+                : p.variant == KLEIN_VARIANT_DISTILLED ? klein::Variant::kDistilled
+                                                       : klein::Variant::kAuto;
+    auto m = klein::Model::open(path ? path : "", o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};
     return klein::Status::Ok();

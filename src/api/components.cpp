@@ -116,17 +116,31 @@ Result<std::shared_ptr<const M>> prepared(Result<M> loaded, Backend& be) {
 }
 }  // namespace
 
-Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const std::filesystem::path& dir, int layers_needed,
-                                                             Backend& be) {
-  return prepared(Qwen3Encoder::load(dir, layers_needed), be);
+Result<Qwen3Encoder> bind_text_encoder(const ComponentSpec& spec, int layers_needed) {
+  KLEIN_ASSIGN_OR_RETURN(auto src, spec.open());
+  return Qwen3Encoder::load(std::move(src), spec.config, spec.config_where, layers_needed);
 }
 
-Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const std::filesystem::path& dir, Backend& be) {
-  return prepared(Flux2Transformer::load(dir), be);
+Result<Flux2Transformer> bind_transformer(const ComponentSpec& spec) {
+  KLEIN_ASSIGN_OR_RETURN(auto src, spec.open());
+  return Flux2Transformer::load(std::move(src), spec.config, spec.config_where);
 }
 
-Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& dir, Backend& be) {
-  return prepared(Flux2Vae::load(dir), be);
+Result<Flux2Vae> bind_vae(const ComponentSpec& spec) {
+  KLEIN_ASSIGN_OR_RETURN(auto src, spec.open());
+  return Flux2Vae::load(std::move(src), spec.config, spec.config_where);
+}
+
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be) {
+  return prepared(bind_text_encoder(spec, layers_needed), be);
+}
+
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be) {
+  return prepared(bind_transformer(spec), be);
+}
+
+Result<std::shared_ptr<const Flux2Vae>> load_vae(const ComponentSpec& spec, Backend& be) {
+  return prepared(bind_vae(spec), be);
 }
 
 Result<std::string> cpu_report(const std::string& isa) {

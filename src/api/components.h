@@ -2,14 +2,15 @@
 //   * make_engine / make_run_context: the Backend that executes requests (a CpuBackend with the
 //     caller's threads and ISA ceiling, or in -DKLEIN_CUDA=ON builds a CudaBackend, as
 //     LoadOptions::backend says) and the per-request RunContext over it.
-//   * load_text_encoder / load_transformer / load_vae: load a component and prepare its weights
-//     for the engine's backend.
+//   * load_text_encoder / load_transformer / load_vae: load a component from its spec
+//     (api/layout.h) and prepare its weights for the engine's backend.
 #pragma once
 
 #include <filesystem>
 #include <memory>
 #include <string>
 
+#include "api/layout.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/run_context.h"
 #include "io/dump.h"
@@ -40,10 +41,14 @@ Result<bool> use_cuda(const LoadOptions& options);
 // The per-request context: the engine, an optional dumper, the caller's callbacks.
 RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& callbacks);
 
-Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const std::filesystem::path& dir, int layers_needed,
-                                                             Backend& be);
-Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const std::filesystem::path& dir, Backend& be);
-Result<std::shared_ptr<const Flux2Vae>> load_vae(const std::filesystem::path& dir, Backend& be);
+// The models bound from a spec (api/layout.h), not yet prepared for a backend.
+Result<Qwen3Encoder> bind_text_encoder(const ComponentSpec& spec, int layers_needed);
+Result<Flux2Transformer> bind_transformer(const ComponentSpec& spec);
+Result<Flux2Vae> bind_vae(const ComponentSpec& spec);
+
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be);
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be);
+Result<std::shared_ptr<const Flux2Vae>> load_vae(const ComponentSpec& spec, Backend& be);
 
 // The CPU report behind klein::cpu_info(): model name, features, usable ISAs and the kernel
 // chosen per (op, format) with the best ISA (or the `isa` ceiling), for both precisions.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <unistd.h>
 
+#include "api/components.h"
 #include "kernels/scratch.h"
 
 namespace klein::api {
@@ -54,8 +55,8 @@ BlockedWeights blocked_weights(Qwen3Encoder& m, uint64_t* embed_row, uint64_t* e
   return blocks_of(m, all);
 }
 
-Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_layers,
-                                    const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir) {
+Result<WeightSizes> measure_weights(const ComponentSpec& te_spec, int te_layers, const ComponentSpec& dit_spec,
+                                    const ComponentSpec& vae_spec) {
   WeightSizes s;
   auto note_format = [&](Weight& w) {
     // Every GEMM reads f32 / bf16 / f16 rows in place (converting per K slice while packing);
@@ -64,16 +65,16 @@ Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_
     return Status::Ok();
   };
   {
-    KLEIN_ASSIGN_OR_RETURN(auto te, Qwen3Encoder::load(te_dir, te_layers));
+    KLEIN_ASSIGN_OR_RETURN(auto te, bind_text_encoder(te_spec, te_layers));
     s.te = blocked_weights(te, &s.te_embed_row, &s.te_embed_total);
     KLEIN_RETURN_IF_ERROR(te.for_each_weight(note_format));
   }
   {
-    KLEIN_ASSIGN_OR_RETURN(auto dit, Flux2Transformer::load(dit_dir));
+    KLEIN_ASSIGN_OR_RETURN(auto dit, bind_transformer(dit_spec));
     s.dit = blocked_weights(dit);
     KLEIN_RETURN_IF_ERROR(dit.for_each_weight(note_format));
   }
-  KLEIN_ASSIGN_OR_RETURN(auto vae, Flux2Vae::load(vae_dir));
+  KLEIN_ASSIGN_OR_RETURN(auto vae, bind_vae(vae_spec));
   KLEIN_RETURN_IF_ERROR(vae.for_each_weight([&](Weight& w) {
     s.vae += w.nbytes;
     return Status::Ok();

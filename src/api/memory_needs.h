@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 
+#include "api/layout.h"
 #include "api/memory_plan.h"
 #include "models/flux2_dit.h"
 #include "models/flux2_vae.h"
@@ -20,8 +21,8 @@ struct WeightSizes {
   uint64_t vae = 0;
   bool converts = false;         // a weight format the GEMMs expand per slab (not f32/bf16/f16)
 };
-Result<WeightSizes> measure_weights(const std::filesystem::path& te_dir, int te_layers,
-                                    const std::filesystem::path& dit_dir, const std::filesystem::path& vae_dir);
+Result<WeightSizes> measure_weights(const ComponentSpec& te, int te_layers, const ComponentSpec& dit,
+                                    const ComponentSpec& vae);
 // Pure helpers behind measure_weights (exposed for tests).
 BlockedWeights blocked_weights(Flux2Transformer& m);
 BlockedWeights blocked_weights(Qwen3Encoder& m, uint64_t* embed_row, uint64_t* embed_total);

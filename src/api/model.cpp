@@ -53,20 +53,20 @@ Status Model::Impl::require_full_model(const char* what) const {
 
 Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() {
   if (te) return te;
-  return api::load_text_encoder(te_dir.dir, kKleinTextLayersNeeded, *engine->backend);
+  return api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend);
 }
 
 Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) {
   if (dit) return dit;
   ctx.report("load transformer", 0, 1);
-  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_dir.dir, *engine->backend));
+  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_spec, *engine->backend));
   ctx.report("load transformer", 1, 1);
   return m;
 }
 
 Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() {
   if (vae) return vae;
-  return api::load_vae(vae_dir.dir, *engine->backend);
+  return api::load_vae(vae_spec, *engine->backend);
 }
 
 VaeTiling Model::Impl::vae_tiling() const {
@@ -142,7 +142,7 @@ Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int
 Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
                                     Tensor noise, const RunContext& ctx,
                                     const std::function<void(int, int, const Image&)>& preview) {
-  const std::string cfg_path = (dit_dir.dir / "config.json").string();
+  const std::string& cfg_path = dit_spec.config_where;
   if (dit_cfg.in_channels != 128 || embeds.shape().size() != 3 || embeds.dim(0) != 1 ||
       embeds.dim(2) != dit_cfg.joint_attention_dim)
     return invalid_argument(cfg_path + ": transformer expects in_channels " + std::to_string(dit_cfg.in_channels) +
@@ -211,6 +211,8 @@ Model& Model::operator=(Model&&) noexcept = default;
 
 const LoadOptions& Model::load_options() const { return impl_->options; }
 
+const std::vector<std::string>& Model::notes() const { return impl_->layout.notes; }
+
 std::string Model::backend_name() const {
   return impl_->engine && impl_->engine->backend ? std::string(impl_->engine->backend->name()) : std::string();
 }
@@ -221,34 +223,40 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     m->path = path;
     m->options = options;
     KLEIN_ASSIGN_OR_RETURN(m->engine, api::make_engine(options));
-    KLEIN_ASSIGN_OR_RETURN(m->folder, ModelFolder::open(path));
-    const ModelFolder& f = m->folder;
-    const std::string index = (f.root() / "model_index.json").string();
-    if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline")
-      return unsupported(index + ": pipeline \"" + f.pipeline_class() + "\" (klein.cpp runs Flux2KleinPipeline models)");
-    if (!f.is_distilled())
-      return unsupported(index +
+    KLEIN_ASSIGN_OR_RETURN(m->layout, api::resolve_layout(api::layout_request(path, options)));
+    const api::Layout& l = m->layout;
+    if (l.folder) {
+      const ModelFolder& f = *l.folder;
+      const std::string index = (f.root() / "model_index.json").string();
+      if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline")
+        return unsupported(index + ": pipeline \"" + f.pipeline_class() + "\" (klein.cpp runs Flux2KleinPipeline models)");
+    }
+    if (options.variant == Variant::kBase)
+      return unsupported("--variant base: base (undistilled) generation needs classifier-free guidance (CFG), which "
+                         "klein.cpp does not support yet; only the distilled models run");
+    if (!l.distilled && l.folder)
+      return unsupported((l.folder->root() / "model_index.json").string() +
                          ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
                          "which klein.cpp does not implement yet");
-    KLEIN_ASSIGN_OR_RETURN(auto tok_dir, f.component("tokenizer"));
-    KLEIN_ASSIGN_OR_RETURN(m->te_dir, f.component("text_encoder"));
-    KLEIN_ASSIGN_OR_RETURN(m->dit_dir, f.component("transformer"));
-    KLEIN_ASSIGN_OR_RETURN(m->vae_dir, f.component("vae"));
-    if (m->te_dir.class_name != "Qwen3ForCausalLM" && m->te_dir.class_name != "Qwen3Model")
-      return unsupported(index + ": text_encoder class \"" + m->te_dir.class_name + "\" (klein uses Qwen3ForCausalLM)");
+    KLEIN_RETURN_IF_ERROR(l.complete());
+    m->te_spec = *l.text_encoder.spec;
+    m->dit_spec = *l.transformer.spec;
+    m->vae_spec = *l.vae.spec;
+    if (m->te_spec.from_folder) {
+      const std::string cls = l.folder->component("text_encoder")->class_name;
+      if (cls != "Qwen3ForCausalLM" && cls != "Qwen3Model")
+        return unsupported((l.folder->root() / "model_index.json").string() + ": text_encoder class \"" + cls +
+                           "\" (klein uses Qwen3ForCausalLM)");
+    }
 
     // Every config once: a bad one fails here, not in the middle of a request.
-    KLEIN_ASSIGN_OR_RETURN(auto te_json, f.config("text_encoder"));
-    KLEIN_ASSIGN_OR_RETURN(m->te_cfg, Qwen3Config::from_json(te_json, (m->te_dir.dir / "config.json").string()));
-    KLEIN_ASSIGN_OR_RETURN(auto dit_json, f.config("transformer"));
-    KLEIN_ASSIGN_OR_RETURN(m->dit_cfg, Flux2Config::from_json(dit_json, (m->dit_dir.dir / "config.json").string()));
-    KLEIN_ASSIGN_OR_RETURN(auto vae_json, f.config("vae"));
-    KLEIN_ASSIGN_OR_RETURN(m->vae_cfg, Flux2VaeConfig::from_json(vae_json, (m->vae_dir.dir / "config.json").string()));
-    KLEIN_ASSIGN_OR_RETURN(auto sched_json, f.config("scheduler"));
-    KLEIN_ASSIGN_OR_RETURN(m->sched_cfg, FlowMatchConfig::from_json(sched_json, (f.root() / "scheduler" / "scheduler_config.json").string()));
+    KLEIN_ASSIGN_OR_RETURN(m->te_cfg, Qwen3Config::from_json(m->te_spec.config, m->te_spec.config_where));
+    KLEIN_ASSIGN_OR_RETURN(m->dit_cfg, Flux2Config::from_json(m->dit_spec.config, m->dit_spec.config_where));
+    KLEIN_ASSIGN_OR_RETURN(m->vae_cfg, Flux2VaeConfig::from_json(m->vae_spec.config, m->vae_spec.config_where));
+    KLEIN_ASSIGN_OR_RETURN(m->sched_cfg, FlowMatchConfig::from_json(l.scheduler, l.scheduler_where));
     // What the pipeline itself fixes (klein's limits, not the configs' faults): name the field.
-    const std::string vae_cfg_path = (m->vae_dir.dir / "config.json").string();
-    const std::string dit_cfg_path = (m->dit_dir.dir / "config.json").string();
+    const std::string& vae_cfg_path = m->vae_spec.config_where;
+    const std::string& dit_cfg_path = m->dit_spec.config_where;
     if (m->vae_cfg.latent_channels != 32)
       return unsupported(vae_cfg_path + ": latent_channels is " + std::to_string(m->vae_cfg.latent_channels) +
                          "; klein's pipeline supports only 32 (FLUX.2's VAE: patchified to 128 transformer channels)");
@@ -269,21 +277,22 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
                           ", but the text encoder gives " + std::to_string(text_width) + " (3 x hidden_size " +
                           std::to_string(m->te_cfg.hidden_size) + "; wrong component combination?)");
     if (m->te_cfg.num_layers < kKleinTextLayersNeeded)
-      return unsupported((m->te_dir.dir / "config.json").string() + ": num_hidden_layers is " +
+      return unsupported(m->te_spec.config_where + ": num_hidden_layers is " +
                          std::to_string(m->te_cfg.num_layers) + "; klein taps hidden states 9, 18 and 27, so it needs " +
                          "at least " + std::to_string(kKleinTextLayersNeeded));
-    KLEIN_ASSIGN_OR_RETURN(auto tok, Tokenizer::load(tok_dir.dir));
+    // The folder's tokenizer, or a tokenizer.json beside the model file, else the built-in one.
+    KLEIN_ASSIGN_OR_RETURN(auto tok, l.tokenizer.empty() ? Tokenizer::builtin() : Tokenizer::load(l.tokenizer));
     m->tokenizer.emplace(std::move(tok));
 
     if (options.max_memory_gib > 0) {
-      KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_dir.dir, kKleinTextLayersNeeded, m->dit_dir.dir,
-                                                              m->vae_dir.dir));
+      KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_spec, kKleinTextLayersNeeded, m->dit_spec,
+                                                              m->vae_spec));
       m->sizes = sizes;
     }
     if (options.memory == MemoryPolicy::kResident) {
-      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_dir.dir, kKleinTextLayersNeeded, *m->engine->backend));
-      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_dir.dir, *m->engine->backend));
-      KLEIN_ASSIGN_OR_RETURN(m->vae, api::load_vae(m->vae_dir.dir, *m->engine->backend));
+      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_spec, kKleinTextLayersNeeded, *m->engine->backend));
+      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_spec, *m->engine->backend));
+      KLEIN_ASSIGN_OR_RETURN(m->vae, api::load_vae(m->vae_spec, *m->engine->backend));
     }
     return std::unique_ptr<Model>(new Model(std::move(m)));
   });
@@ -500,7 +509,7 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
                   {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
                   {"steps", std::to_string(g.steps)},
                   {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
-                  {"model", last_path_component(m.path)},
+                  {"model", last_path_component(m.path.empty() ? m.dit_spec.where : m.path)},
                   {"software", std::string("klein.cpp ") + version()}};
     for (size_t i = 0; i < req.reference_images.size(); ++i)
       r.metadata.emplace_back("reference" + std::to_string(i + 1), last_path_component(req.reference_images[i]));

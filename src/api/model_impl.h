@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/components.h"
+#include "api/layout.h"
 #include "api/memory_needs.h"
 #include "io/model_folder.h"
 #include "klein/klein.h"
@@ -28,8 +29,8 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   std::unique_ptr<api::Engine> engine;
 
   // Parsed once at open (the full model only).
-  ModelFolder folder;
-  ComponentInfo te_dir, dit_dir, vae_dir;
+  api::Layout layout;
+  api::ComponentSpec te_spec, dit_spec, vae_spec;
   Qwen3Config te_cfg;
   Flux2Config dit_cfg;
   Flux2VaeConfig vae_cfg;

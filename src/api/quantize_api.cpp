@@ -1,15 +1,88 @@
 // The public quantize_model / compare_images / compare_arrays: thin wrappers over pipeline/, behind the catch-all.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
 #include "api/guard.h"
+#include "api/layout.h"
 #include "io/image_reader.h"
+#include "io/safetensors_writer.h"
+#include "io/tensor_source.h"
 #include "klein/klein.h"
 #include "pipeline/image_compare.h"
 #include "pipeline/quantize_model.h"
+#include "pipeline/tokenizer.h"
+
+namespace fs = std::filesystem;
 
 namespace klein {
 
+namespace {
+
+Status write_text_file(const fs::path& p, std::string_view text) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  f.close();
+  if (!f) return io_error(p.string() + ": write failed (disk full?)");
+  return Status::Ok();
+}
+
+// The model that `l` resolves to, written as the diffusers folder quantize_model_folder reads:
+// model_index.json, the scheduler and tokenizer, and each component's config.json and weights
+// under diffusers / transformers names (BFL qkv split, halves swapped: what the models bind).
+Status write_diffusers_folder(const api::Layout& l, const fs::path& dir) {
+  KLEIN_RETURN_IF_ERROR(l.complete());
+  const nlohmann::json index = {{"_class_name", "Flux2KleinPipeline"},
+                                {"is_distilled", l.distilled},
+                                {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                                {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
+                                {"tokenizer", {"transformers", "Qwen2TokenizerFast"}},
+                                {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+                                {"vae", {"diffusers", "AutoencoderKLFlux2"}}};
+  std::error_code ec;
+  for (const char* sub : {"scheduler", "tokenizer", "text_encoder", "transformer", "vae"})
+    if (fs::create_directories(dir / sub, ec); ec) return io_error((dir / sub).string() + ": cannot create (" + ec.message() + ")");
+  KLEIN_RETURN_IF_ERROR(write_text_file(dir / "model_index.json", index.dump(2) + "\n"));
+  KLEIN_RETURN_IF_ERROR(write_text_file(dir / "scheduler" / "scheduler_config.json", l.scheduler.dump(2) + "\n"));
+  if (l.tokenizer.empty()) {
+    KLEIN_RETURN_IF_ERROR(write_text_file(dir / "tokenizer" / "tokenizer.json", Tokenizer::builtin_json()));
+  } else {
+    if (fs::is_directory(l.tokenizer, ec)) fs::copy(l.tokenizer, dir / "tokenizer", fs::copy_options::recursive, ec);
+    else fs::copy_file(l.tokenizer, dir / "tokenizer" / "tokenizer.json", ec);
+    if (ec) return io_error(l.tokenizer.string() + ": cannot copy the tokenizer (" + ec.message() + ")");
+  }
+  for (const api::ComponentSlot* slot : {&l.text_encoder, &l.transformer, &l.vae}) {
+    const api::ComponentSpec& spec = *slot->spec;
+    const fs::path out = dir / spec.role;
+    KLEIN_RETURN_IF_ERROR(write_text_file(out / "config.json", spec.config.dump(2) + "\n"));
+    KLEIN_ASSIGN_OR_RETURN(auto src, spec.open());
+    std::vector<Weight> held;  // swapped halves are copies the Weights own
+    std::vector<TensorToWrite> tensors;
+    for (const std::string& n : src->names()) {
+      KLEIN_ASSIGN_OR_RETURN(Weight w, src->get(n));
+      const bool plain = w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
+                         w.dtype == DType::kI64;
+      if (!plain || w.scales)
+        return unsupported("quantize: " + src->file_of(n) + ": tensor '" + n + "' is already " +
+                           std::string(w.format().name) + "; quantize from the full-precision files");
+      held.push_back(std::move(w));
+    }
+    for (const Weight& w : held) tensors.push_back({w.name, w.dtype, w.shape, w.data});
+    const char* file = spec.role == "text_encoder" ? "model.safetensors" : "diffusion_pytorch_model.safetensors";
+    KLEIN_RETURN_IF_ERROR(write_safetensors(out / file, tensors));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
   return api::guarded("quantize", [&]() -> Status {
-    if (o.model.empty()) return invalid_argument("quantize: give the input model folder (--model)");
+    const bool files = !o.diffusion_model.empty() || !o.text_encoder.empty() || !o.vae.empty();
+    if (o.model.empty() && !files)
+      return invalid_argument("quantize: give the input model (--model, or --diffusion-model / --text-encoder / --vae)");
     if (o.threads < 0 || o.threads > kMaxThreads)
       return invalid_argument("quantize: threads " + std::to_string(o.threads) + ": expected 0 (all cores) to " +
                               std::to_string(kMaxThreads));
@@ -22,7 +95,26 @@ Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
     s.progress = cb.progress;
     s.cancel = cb.cancel;
     s.log = cb.log;
-    return quantize_model_folder(s);
+    std::error_code ec;
+    if (!files && fs::is_directory(o.model, ec)) return quantize_model_folder(s);
+    // Single files: written out as a diffusers folder beside the output first (quantize reads
+    // stored tensors under their diffusers names), removed whatever happens.
+    LoadOptions lo;
+    lo.diffusion_model = o.diffusion_model;
+    lo.text_encoder = o.text_encoder;
+    lo.vae = o.vae;
+    lo.variant = o.variant;
+    KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(o.model, lo)));
+    KLEIN_RETURN_IF_ERROR(layout.complete());
+    fs::path out = o.output;
+    if (!out.has_filename()) out = out.parent_path();
+    s.input = out.string() + ".in-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+    const fs::path staged = s.input;
+    KLEIN_RETURN_IF_ERROR(check_quantize_spec(s));  // before the staged copy is written
+    Status st = write_diffusers_folder(layout, staged);
+    if (st.ok()) st = quantize_model_folder(s);
+    fs::remove_all(staged, ec);
+    return st;
   });
 }
 

@@ -391,6 +391,11 @@ Status check_spec(const QuantizeSpec& s, QType* type) {
 
 }  // namespace
 
+Status check_quantize_spec(const QuantizeSpec& spec) {
+  QType type;
+  return check_spec(spec, &type);
+}
+
 const std::vector<std::string>& default_keep_globs() {
   static const std::vector<std::string> k = {
       "*embed_tokens*", "lm_head.*",     "time_guidance_embed.*", "*modulation*", "norm_out.*",

@@ -33,5 +33,8 @@ const std::vector<std::string>& default_keep_globs();
 // on failure nothing is left behind. The text encoder and transformer are quantized; every other
 // file (VAE, tokenizer, scheduler, model_index.json) is copied as stored.
 Status quantize_model_folder(const QuantizeSpec& spec);
+// The checks quantize_model_folder makes of `spec` before it reads anything (type, globs, the
+// output folder: new, its parent existing, not the input or inside it).
+Status check_quantize_spec(const QuantizeSpec& spec);
 
 }  // namespace klein

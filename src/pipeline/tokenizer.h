@@ -49,6 +49,13 @@ class Tokenizer {
   // tokenizer files), I/O, format (invalid or truncated JSON, a merge over unknown tokens, no
   // <|endoftext|> to pad with), unsupported (another normalizer/pre-tokenizer/model).
   static Result<Tokenizer> load(const std::filesystem::path& path);
+  // The same from a tokenizer.json's text (`label` names it in errors).
+  static Result<Tokenizer> from_json_text(std::string_view text, const std::string& label);
+  // The Qwen3 tokenizer built into the library (the tokenizer.json of FLUX.2-klein's
+  // tokenizer/ folder, embedded at build time), parsed on every call.
+  static Result<Tokenizer> builtin();
+  // That tokenizer.json's text (to write it out beside a converted model).
+  static std::string_view builtin_json();
 
   // Raw text -> ids; no chat template, no truncation, no padding. "" gives no ids.
   std::vector<int32_t> encode(std::string_view text) const;

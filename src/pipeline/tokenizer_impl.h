@@ -159,6 +159,8 @@ struct TokenizerImpl {
 
 // Loaders (tokenizer_load.cpp).
 Status load_tokenizer_json(const std::string& path, TokenizerImpl& impl);
+// The same from tokenizer.json's text in memory (the built-in tokenizer); `path` names it.
+Status load_tokenizer_json_text(std::string_view text, const std::string& path, TokenizerImpl& impl);
 Status load_vocab_merges(const std::string& vocab_path, const std::string& merges_path,
                          const std::string& config_path /* empty when absent */,
                          TokenizerImpl& impl);

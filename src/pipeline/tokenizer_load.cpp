@@ -250,7 +250,10 @@ Status read_model(JsonCursor& cur, const std::string& label, TokenizerImpl& impl
 
 Status load_tokenizer_json(const std::string& path, TokenizerImpl& impl) {
   KLEIN_ASSIGN_OR_RETURN(FileText file, FileText::open(path));
-  const std::string_view text = file.view();
+  return load_tokenizer_json_text(file.view(), path, impl);
+}
+
+Status load_tokenizer_json_text(std::string_view text, const std::string& path, TokenizerImpl& impl) {
   impl.bpe.reserve(160000, 160000);
   JsonCursor cur(text, path);
   if (!cur.obj_begin()) return cur.error();
@@ -373,6 +376,18 @@ Status load_vocab_merges(const std::string& vocab_path, const std::string& merge
 }
 
 }  // namespace tok
+
+Result<Tokenizer> Tokenizer::from_json_text(std::string_view text, const std::string& label) {
+  try {
+    auto impl = std::make_shared<tok::TokenizerImpl>();
+    KLEIN_RETURN_IF_ERROR(tok::load_tokenizer_json_text(text, label, *impl));
+    return Tokenizer(std::move(impl));
+  } catch (const std::bad_alloc&) {
+    return io_error(label + ": out of memory while loading the tokenizer");
+  } catch (const std::exception& e) {
+    return internal_error(label + ": " + e.what());
+  }
+}
 
 Result<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   namespace fs = std::filesystem;

@@ -17,7 +17,8 @@ namespace klein::cli {
 
 Command make_decode_command() {
   struct Opts {
-    std::string model, latents, out, isa, dump, dump_filter, precision = "fp32";
+    ModelArgs ma;
+    std::string latents, out, isa, dump, dump_filter, precision = "fp32";
     int threads = 0, vae_tile = 0;
     double max_memory = 0;
     bool quiet = false;
@@ -26,7 +27,7 @@ Command make_decode_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("decode", "Decode latents [1, 128, H/16, W/16] (.npy, e.g. from --dump) to a PNG with the VAE");
-    s->add_option("--model,-m", o->model, "Model folder (diffusers layout, with model_index.json)")->required();
+    o->ma.add(s, kModelFileHelp);
     s->add_option("--latents,-l", o->latents,
                   "Latents .npy [1, 128, H/16, W/16] in the transformer's normalised space (generate --dump: latents_stepN.npy of the last step N)")
         ->required();
@@ -62,12 +63,15 @@ Command make_decode_command() {
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.vae_tile = o->vae_tile;
     lo.max_memory_gib = o->max_memory;
+    o->ma.apply(lo);
+    if (!o->ma.any()) return fail(ModelArgs::none_given("decode"));
     if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     // The latents next: a bad file fails before the model is opened.
     auto arr = load_npy(o->latents);
     if (!arr.ok()) return fail(arr.status());
-    auto model = Model::open(o->model, lo);
+    auto model = Model::open(o->ma.model, lo);
     if (!model.ok()) return fail(model.status());
+    print_notes((*model)->notes());
     Latents z;
     z.shape = std::move(arr->shape);
     z.data = std::move(arr->data);

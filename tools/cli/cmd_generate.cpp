@@ -16,7 +16,8 @@ namespace klein::cli {
 
 Command make_generate_command() {
   struct Opts {
-    std::string model, prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
+    ModelArgs ma;
+    std::string prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
         memory = "low", isa, precision = "fp32", seed = "0", backend = "auto";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
@@ -27,7 +28,7 @@ Command make_generate_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
-    s->add_option("--model,-m", o->model, kModelHelp);
+    o->ma.add(s, kModelHelp);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     auto* pfile = s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
                       ->excludes(prompt);
@@ -104,8 +105,8 @@ Command make_generate_command() {
       if (Status st = check_output_path("--preview", o->preview, others); !st.ok()) return fail(st);
     }
 
-    const std::string model_dir = o->model.empty() ? default_model_dir() : o->model;
-    if (o->model.empty() && !o->quiet)
+    const std::string model_dir = o->ma.path(/*default_tiny=*/true);
+    if (!o->ma.any() && !o->quiet)
       std::fprintf(stderr, "note: no --model given; using the tiny random-weight test model (%s): the image is noise\n",
                    model_dir.c_str());
     LoadOptions lo;
@@ -116,6 +117,7 @@ Command make_generate_command() {
     lo.max_memory_gib = o->max_memory;
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.backend = parse_backend(o->backend);
+    o->ma.apply(lo);
     if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     GenerateRequest g;
     g.prompt = prompt;
@@ -145,6 +147,7 @@ Command make_generate_command() {
       progress.finish();
       return fail(model.status());
     }
+    print_notes((*model)->notes());
     if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });
     auto r = (*model)->generate(g, cb);
     progress.finish();

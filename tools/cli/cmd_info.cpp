@@ -36,22 +36,25 @@ std::string human_count(double n) {
 
 Command make_info_command() {
   struct Opts {
-    std::string model;
+    ModelArgs ma;
     bool cpu = false;
     std::string isa;
   };
   auto o = std::make_shared<Opts>();
   Command c;
   c.attach_fn = [o](CLI::App& app) {
-    auto* s = app.add_subcommand("info", "Describe a model folder (components, classes, config, dtypes, sizes) or this CPU");
-    s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)");
+    auto* s = app.add_subcommand("info", "Describe a model (layout, components, naming schemes, families, variant, "
+                                         "config, formats, sizes) or this CPU; exits 1 when a part is missing");
+    o->ma.add(s, kModelFileHelp);
     s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (precision fp32, and what fast changes)");
     s->add_option("--isa", o->isa,
                   "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...; one this CPU has)");
     return s;
   };
   c.run = [o]() -> int {
-    if (o->model.empty() && !o->cpu) return fail(invalid_argument("info: give --model DIR and/or --cpu"));
+    if (!o->ma.any() && !o->cpu)
+      return fail(invalid_argument("info: give --model (a folder or file), --diffusion-model / --text-encoder / --vae "
+                                   "files, and/or --cpu"));
     if (!o->isa.empty() && !o->cpu) return fail(invalid_argument("--isa " + o->isa + ": only with --cpu"));
     if (o->cpu) {
       // The same check as the commands that run kernels: a known ISA that this CPU has.
@@ -62,15 +65,26 @@ Command make_info_command() {
       if (!report.ok()) return fail(report.status());
       std::printf("%s", report->c_str());
     }
-    if (o->model.empty()) return 0;
-    auto m = Model::inspect(o->model);
+    if (!o->ma.any()) return 0;
+    LoadOptions lo;
+    o->ma.apply(lo);
+    auto m = Model::inspect(o->ma.model, lo);
     if (!m.ok()) return fail(m.status());
     if (o->cpu) std::printf("\n");
     std::printf("model      %s\n", m->path.c_str());
-    std::printf("pipeline   %s%s\n", m->pipeline_class.c_str(), m->distilled ? " (distilled: 4 steps, no CFG)" : "");
+    std::printf("layout     %s\n", m->layout.c_str());
+    if (!m->pipeline_class.empty()) std::printf("pipeline   %s\n", m->pipeline_class.c_str());
+    std::printf("variant    %s (%s)%s\n", m->distilled ? "distilled" : "base", m->variant_source.c_str(),
+                m->distilled ? ": 4 steps, no CFG" : ": needs CFG, not supported yet");
+    print_notes(m->notes);
     for (const auto& ci : m->components) {
       if (ci.class_name.empty()) std::printf("\n[%s]\n", ci.name.c_str());  // not in model_index.json
       else std::printf("\n[%s] %s (%s)\n", ci.name.c_str(), ci.class_name.c_str(), ci.library.c_str());
+      if (!ci.dir.empty()) std::printf("  from       %s\n", ci.dir.c_str());
+      if (!ci.scheme.empty())
+        std::printf("  names      %s%s%s\n", ci.scheme.c_str(), ci.family.empty() ? "" : "; family ",
+                    ci.family.c_str());
+      if (!ci.description.empty()) std::printf("  detected   %s\n", ci.description.c_str());
       std::string line;
       for (const auto& [key, value] : ci.config) {
         std::string item = key + "=" + value;

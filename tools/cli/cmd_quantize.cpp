@@ -13,13 +13,15 @@ namespace klein::cli {
 Command make_quantize_command() {
   struct Opts {
     QuantizeOptions q;
+    ModelArgs ma;
     bool quiet = false;
   };
   auto o = std::make_shared<Opts>();
   Command c;
   c.attach_fn = [o](CLI::App& app) {
-    auto* s = app.add_subcommand("quantize", "Write a copy of a model folder with q8, q4 or bf16 weights");
-    s->add_option("--model,-m", o->q.model, "Input model folder (diffusers layout)")->required();
+    auto* s = app.add_subcommand("quantize", "Write a model (a folder or single files) as a diffusers folder with q8, "
+                                             "q4 or bf16 weights");
+    o->ma.add(s, kModelFileHelp);
     s->add_option("--type", o->q.type,
                   "q8: int8 per output row (W8A8 under --precision fast); q4: MLX affine int4, group 64; bf16")
         ->required();
@@ -31,6 +33,14 @@ Command make_quantize_command() {
     return s;
   };
   c.run = [o]() -> int {
+    if (!o->ma.any()) return fail(ModelArgs::none_given("quantize"));
+    LoadOptions lo;
+    o->ma.apply(lo);
+    o->q.model = o->ma.model;
+    o->q.diffusion_model = lo.diffusion_model;
+    o->q.text_encoder = lo.text_encoder;
+    o->q.vae = lo.vae;
+    o->q.variant = lo.variant;
     // A bar on a terminal, each component's end as a line otherwise (as generate's progress).
     Progress progress(o->quiet);
     Callbacks cb;

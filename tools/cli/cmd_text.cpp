@@ -43,7 +43,8 @@ Command make_tokenize_command() {
 
 Command make_encode_command() {
   struct Opts {
-    std::string model, prompt, prompt_file, out, dump, dump_filter, isa, precision = "fp32", backend = "auto";
+    ModelArgs ma;
+    std::string prompt, prompt_file, out, dump, dump_filter, isa, precision = "fp32", backend = "auto";
     int threads = 0, max_length = 512;
     double max_memory = 0;
     bool quiet = false, prompt_given = false;
@@ -52,7 +53,7 @@ Command make_encode_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("encode", "Encode a prompt to prompt_embeds [1, 512, 3*hidden] (.npy, float32)");
-    s->add_option("--model", o->model, "Model folder (diffusers layout, with model_index.json)")->required();
+    o->ma.add(s, kModelFileHelp);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     prompt->each([o](const std::string&) { o->prompt_given = true; });
     s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
@@ -89,9 +90,12 @@ Command make_encode_command() {
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.max_memory_gib = o->max_memory;
     lo.backend = parse_backend(o->backend);
+    o->ma.apply(lo);
+    if (!o->ma.any()) return fail(ModelArgs::none_given("encode"));
     if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
-    auto model = Model::open(o->model, lo);
+    auto model = Model::open(o->ma.model, lo);
     if (!model.ok()) return fail(model.status());
+    print_notes((*model)->notes());
     if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });
     Progress progress(o->quiet);
     Callbacks cb;

@@ -10,7 +10,31 @@
 #include "klein/klein.h"
 #include "klein/status.h"
 
+namespace CLI {
+class App;
+}
+
 namespace klein::cli {
+
+// --model (a folder or a file), --diffusion-model, --text-encoder, --vae and --variant: the
+// model options of every command that loads one.
+struct ModelArgs {
+  std::string model, diffusion_model, text_encoder, vae, variant;
+  // Adds the options to `s`; `model_help` describes --model (and its default, if any).
+  void add(CLI::App* s, const char* model_help);
+  bool any() const { return !model.empty() || !diffusion_model.empty() || !text_encoder.empty() || !vae.empty(); }
+  // The component files and the variant into `lo`.
+  void apply(LoadOptions& lo) const;
+  // The path to open: --model; with `default_tiny` and no model option at all, the tiny test model.
+  std::string path(bool default_tiny) const;
+  // A command that needs a model and got none: one line naming the options.
+  static Status none_given(const char* command);
+};
+inline constexpr const char* kModelFileHelp =
+    "Model: a diffusers folder (model_index.json) or one safetensors file (a BFL / ComfyUI transformer, or a "
+    "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts";
+// Prints the model's notes from opening ("note: ..." on stderr).
+void print_notes(const std::vector<std::string>& notes);
 
 // Prints "klein: <message>" on stderr and returns the exit code for `s` (never 0).
 int fail(const Status& s);
@@ -60,7 +84,9 @@ inline constexpr const char* kIsaHelp =
 // (<exe>/../share/klein/models/tiny), so an installed klein needs no source tree.
 std::string default_model_dir();
 inline constexpr const char* kModelHelp =
-    "Model folder (diffusers layout). Default: the tiny random-weight test model (tests/data/tiny; installed: "
+    "Model: a diffusers folder (model_index.json) or one safetensors file (a BFL / ComfyUI transformer, or a "
+    "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts. Default "
+    "(no model option at all): the tiny random-weight test model (tests/data/tiny; installed: "
     "share/klein/models/tiny), whose images are noise";
 
 // "[1, 512, 7680]"

@@ -8,6 +8,8 @@
 #include <iterator>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
+
 #include "common.h"
 
 namespace fs = std::filesystem;
@@ -141,6 +143,44 @@ Status check_load_options_cli(const LoadOptions& options) {
     if (st.message().starts_with(field))
       return Status(st.code(), flag + st.message().substr(std::string_view(field).size()));
   return st;
+}
+
+void ModelArgs::add(CLI::App* s, const char* model_help) {
+  s->add_option("--model,-m", model, model_help);
+  // stable-diffusion.cpp's option names, so that its users' command lines carry over.
+  s->add_option("--diffusion-model", diffusion_model,
+                "Transformer (DiT) safetensors file: BFL / ComfyUI names (with or without 'model.diffusion_model.') or "
+                "diffusers names; replaces --model's or supplies it");
+  s->add_option("--text-encoder", text_encoder,
+                "Qwen3 text encoder safetensors file (transformers names, e.g. ComfyUI's qwen_3_4b.safetensors); "
+                "replaces --model's or supplies it");
+  s->add_option("--vae", vae,
+                "VAE safetensors file (BFL ae.safetensors / ComfyUI flux2-vae LDM names, or diffusers names); replaces "
+                "--model's or supplies it");
+  s->add_option("--variant", variant,
+                "distilled or base: what single files hold (they do not say; a diffusers folder's model_index.json "
+                "does). Default: distilled, with a note when a file name contains 'base'. base (CFG) generation is "
+                "not supported yet")
+      ->check(CLI::IsMember({"distilled", "base"}));
+}
+
+void ModelArgs::apply(LoadOptions& lo) const {
+  lo.diffusion_model = diffusion_model;
+  lo.text_encoder = text_encoder;
+  lo.vae = vae;
+  lo.variant = variant == "base" ? Variant::kBase : variant == "distilled" ? Variant::kDistilled : Variant::kAuto;
+}
+
+std::string ModelArgs::path(bool default_tiny) const { return default_tiny && !any() ? default_model_dir() : model; }
+
+Status ModelArgs::none_given(const char* command) {
+  return invalid_argument(std::string(command) +
+                          ": give --model (a diffusers folder or a safetensors file) or --diffusion-model / "
+                          "--text-encoder / --vae files");
+}
+
+void print_notes(const std::vector<std::string>& notes) {
+  for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
 }
 
 BackendKind parse_backend(const std::string& name) {

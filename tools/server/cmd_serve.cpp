@@ -12,7 +12,8 @@ namespace klein::cli {
 
 Command make_serve_command() {
   struct Opts {
-    std::string model, memory = "resident", isa, precision = "fp32", backend = "auto";
+    ModelArgs ma;
+    std::string memory = "resident", isa, precision = "fp32", backend = "auto";
     int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0, keep_results_mib = 256;
     double max_memory_gib = 0;
     server::ServerOptions s;
@@ -21,7 +22,7 @@ Command make_serve_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI Images API, job events, a web page at /");
-    s->add_option("--model,-m", o->model, kModelHelp);
+    o->ma.add(s, kModelHelp);
     s->add_option("--host", o->s.host, "Address to listen on (default 127.0.0.1: this machine only)");
     s->add_option("--port", o->s.port, "TCP port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
     s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
@@ -58,7 +59,8 @@ Command make_serve_command() {
   };
   c.run = [o]() -> int {
     server::ServerOptions so = o->s;
-    so.queue.model_dir = o->model.empty() ? default_model_dir() : o->model;
+    so.queue.model_dir = o->ma.path(/*default_tiny=*/true);
+    o->ma.apply(so.queue.load);
     so.queue.load.threads = o->threads;
     so.queue.load.memory = o->memory == "low" ? MemoryPolicy::kLow : MemoryPolicy::kResident;
     so.queue.load.isa = o->isa;
@@ -73,10 +75,14 @@ Command make_serve_command() {
     so.queue.keep_bytes = static_cast<size_t>(o->keep_results_mib) << 20;
     if (so.api_key.empty())
       if (const char* k = std::getenv("KLEIN_API_KEY")) so.api_key = k;
-    if (o->model.empty())
+    if (!o->ma.any())
       std::fprintf(stderr, "note: no --model given; serving the tiny random-weight test model (%s): images are noise\n",
                    so.queue.model_dir.c_str());
-    note_quantized_fp32(so.queue.load.precision, [&] { return Model::inspect(so.queue.model_dir); });
+    // The model opens in the background: its notes (a file name that suggests a base model) come
+    // from a look at it now.
+    const auto info = Model::inspect(so.queue.model_dir, so.queue.load);
+    if (info.ok()) print_notes(info->notes);
+    note_quantized_fp32(so.queue.load.precision, [&] { return info; });
     return server::serve(so);
   };
   return c;

@@ -205,7 +205,8 @@ int JobQueue::waiting() const {
 }
 
 std::string JobQueue::model_name() const {
-  std::string p = opt_.model_dir;
+  // Without --model, the transformer file names the model.
+  std::string p = opt_.model_dir.empty() ? opt_.load.diffusion_model : opt_.model_dir;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const size_t slash = p.rfind('/');
   return slash == std::string::npos ? p : p.substr(slash + 1);
