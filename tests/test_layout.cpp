@@ -26,7 +26,7 @@ namespace klein {
 namespace {
 
 fs::path single(const std::string& name) { return testing::data_dir() / "single_file" / name; }
-fs::path tiny() { return testing::tiny_model_dir(); }
+fs::path tiny_dir() { return testing::tiny_model_dir(); }
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 
 struct Layout {
@@ -47,10 +47,10 @@ std::vector<Layout> single_file_layouts() {
   LoadOptions bfl, comfy;
   bfl.diffusion_model = single("tiny-flux2-bfl.safetensors").string();
   comfy.diffusion_model = single("tiny-flux2-bfl-comfy.safetensors").string();
-  return {{"BflDitOverFolder", tiny().string(), bfl},
-          {"ComfyPrefixDitOverFolder", tiny().string(), comfy},
+  return {{"BflDitOverFolder", tiny_dir().string(), bfl},
+          {"ComfyPrefixDitOverFolder", tiny_dir().string(), comfy},
           {"ThreeFiles", "",
-           files(single("tiny-flux2-bfl.safetensors"), tiny() / "text_encoder" / "model.safetensors",
+           files(single("tiny-flux2-bfl.safetensors"), tiny_dir() / "text_encoder" / "model.safetensors",
                  single("tiny-flux2-vae-ldm.safetensors"))},
           {"AllInOne", single("tiny-flux2-all-in-one.safetensors").string(), {}}};
 }
@@ -86,12 +86,12 @@ std::vector<uint8_t> slurp(const fs::path& p) {
 // ---- resolution ------------------------------------------------------------------------------
 
 TEST(Layout, ResolvesEachLayoutToItsParts) {
-  auto folder = api::resolve_layout({tiny().string()});
+  auto folder = api::resolve_layout({tiny_dir().string()});
   ASSERT_TRUE(folder.ok()) << folder.status().to_string();
   EXPECT_EQ(folder->kind, "diffusers folder");
   EXPECT_TRUE(folder->complete().ok());
   EXPECT_TRUE(folder->transformer.spec->from_folder);
-  EXPECT_EQ(folder->tokenizer, tiny() / "tokenizer");
+  EXPECT_EQ(folder->tokenizer, tiny_dir() / "tokenizer");
 
   auto aio = api::resolve_layout({single("tiny-flux2-all-in-one.safetensors").string()});
   ASSERT_TRUE(aio.ok()) << aio.status().to_string();
@@ -114,7 +114,7 @@ TEST(Layout, ResolvesEachLayoutToItsParts) {
 
   LoadOptions o;
   o.diffusion_model = single("tiny-flux2-bfl.safetensors").string();
-  auto over = api::resolve_layout(api::layout_request(tiny().string(), o));
+  auto over = api::resolve_layout(api::layout_request(tiny_dir().string(), o));
   ASSERT_TRUE(over.ok()) << over.status().to_string();
   EXPECT_EQ(over->kind, "diffusers folder with parts replaced");
   EXPECT_FALSE(over->transformer.spec->from_folder);
@@ -134,7 +134,7 @@ TEST(Layout, MissingPartNamesItAndWhatWasGiven) {
 TEST(Layout, BuiltInSchedulerIsTheFoldersConfig) {
   auto l = api::resolve_layout({single("tiny-flux2-all-in-one.safetensors").string()});
   ASSERT_TRUE(l.ok());
-  auto want = read_json_file(tiny() / "scheduler" / "scheduler_config.json");
+  auto want = read_json_file(tiny_dir() / "scheduler" / "scheduler_config.json");
   ASSERT_TRUE(want.ok());
   want->erase("_diffusers_version");
   EXPECT_EQ(l->scheduler, *want);
@@ -143,7 +143,7 @@ TEST(Layout, BuiltInSchedulerIsTheFoldersConfig) {
 TEST(Layout, BuiltInTokenizerIsTheFoldersTokenizer) {
   auto builtin = Tokenizer::builtin();
   ASSERT_TRUE(builtin.ok()) << builtin.status().to_string();
-  auto folder = Tokenizer::load(tiny() / "tokenizer");
+  auto folder = Tokenizer::load(tiny_dir() / "tokenizer");
   ASSERT_TRUE(folder.ok());
   for (const char* text : {"Hello world", "A cat holding a sign that says hello world", "żółw 🐢 <|im_start|>x"}) {
     const std::string t = Tokenizer::klein_template(text);
@@ -167,7 +167,7 @@ TEST(Layout, TokenizerBesideTheModelFileWins) {
 class SameImage : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(SameImage, ApiGivesTheFoldersImageAndLatents) {
-  auto ref = Model::open(tiny().string());
+  auto ref = Model::open(tiny_dir().string());
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
   auto m = Model::open(GetParam().model, GetParam().options);
   ASSERT_TRUE(m.ok()) << m.status().to_string();
@@ -201,7 +201,7 @@ TEST_P(SameImage, ApiGivesTheFoldersImageAndLatents) {
 TEST_P(SameImage, CliGivesTheFoldersImage) {
   const fs::path dir = testing::make_temp_dir("layout_cli");
   const std::string common = " -q -W 64 -H 48 --seed 11 --prompt 'a red cube on a table' --threads 2";
-  auto r = run_cli("generate --model " + q(tiny()) + common + " -o " + q(dir / "want.png"));
+  auto r = run_cli("generate --model " + q(tiny_dir()) + common + " -o " + q(dir / "want.png"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Layout& l = GetParam();
   std::string args;
@@ -212,7 +212,7 @@ TEST_P(SameImage, CliGivesTheFoldersImage) {
   r = run_cli("generate" + args + common + " -o " + q(dir / "got.png"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto want = slurp(dir / "want.png"), got = slurp(dir / "got.png");
-  if (l.model == tiny().string()) {
+  if (l.model == tiny_dir().string()) {
     EXPECT_EQ(got, want);  // the same model name too: the same file
   } else {
     auto a = decode_image(want), b = decode_image(got);
@@ -228,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, SameImage, ::testing::ValuesIn(single_file_lay
 TEST(Layout, EncodeAndDecodeReadTheAllInOneFile) {
   const fs::path dir = testing::make_temp_dir("layout_encdec");
   const std::string aio = " --model " + q(single("tiny-flux2-all-in-one.safetensors"));
-  const std::string folder = " --model " + q(tiny());
+  const std::string folder = " --model " + q(tiny_dir());
   for (const auto& [name, model] : {std::pair{"want", folder}, std::pair{"got", aio}}) {
     auto r = run_cli("encode -q --threads 2 --prompt 'a red cube' --max-length 32" + model + " -o " +
                      q(dir / (std::string(name) + ".npy")));
@@ -254,10 +254,10 @@ TEST(Layout, EncodeAndDecodeReadTheAllInOneFile) {
 // and quantized as the folder is, so both outputs give one image.
 TEST(Layout, QuantizeFromSingleFilesGivesTheFoldersQuantizedModel) {
   const fs::path dir = testing::make_temp_dir("layout_quant");
-  auto r = run_cli("quantize -q --type q8 --model " + q(tiny()) + " -o " + q(dir / "folder-q8"));
+  auto r = run_cli("quantize -q --type q8 --model " + q(tiny_dir()) + " -o " + q(dir / "folder-q8"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_cli("quantize -q --type q8 --diffusion-model " + q(single("tiny-flux2-bfl.safetensors")) +
-              " --text-encoder " + q(tiny() / "text_encoder" / "model.safetensors") + " --vae " +
+              " --text-encoder " + q(tiny_dir() / "text_encoder" / "model.safetensors") + " --vae " +
               q(single("tiny-flux2-vae-ldm.safetensors")) + " -o " + q(dir / "files-q8"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Nothing staged is left beside the output.
@@ -283,7 +283,7 @@ TEST(Layout, QuantizeFromSingleFilesGivesTheFoldersQuantizedModel) {
 
 TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {
   const std::string dit = single("tiny-flux2-bfl.safetensors").string();
-  const std::string te = (tiny() / "text_encoder" / "model.safetensors").string();
+  const std::string te = (tiny_dir() / "text_encoder" / "model.safetensors").string();
   const std::string vae = single("tiny-flux2-vae-ldm.safetensors").string();
   klein_load_params lp = klein_load_default_params();
   lp.diffusion_model = dit.c_str();
@@ -299,7 +299,7 @@ TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {
   gp.seed = 11;
   klein_image* img = nullptr;
   ASSERT_EQ(klein_model_generate(model, &gp, &img, &err), KLEIN_OK) << err.message;
-  auto ref = Model::open(tiny().string());
+  auto ref = Model::open(tiny_dir().string());
   ASSERT_TRUE(ref.ok());
   auto want = (*ref)->generate(request());
   ASSERT_TRUE(want.ok());
@@ -335,7 +335,7 @@ TEST(Layout, BaseInAFileNameIsNotedWhenRunAsDistilled) {
   const fs::path dir = testing::make_temp_dir("layout_basename");
   fs::create_symlink(fs::absolute(single("tiny-flux2-bfl.safetensors")), dir / "flux-2-klein-base-tiny.safetensors");
   const std::string files = " --diffusion-model " + q(dir / "flux-2-klein-base-tiny.safetensors") +
-                            " --text-encoder " + q(tiny() / "text_encoder" / "model.safetensors") + " --vae " +
+                            " --text-encoder " + q(tiny_dir() / "text_encoder" / "model.safetensors") + " --vae " +
                             q(single("tiny-flux2-vae-ldm.safetensors"));
   auto r = run_cli("info" + files);
   EXPECT_EQ(r.exit_code, 0) << r.err;
