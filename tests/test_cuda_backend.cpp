@@ -33,6 +33,7 @@
 namespace fs = std::filesystem;
 
 namespace klein {
+namespace cuda_backend_test {  // named: in a unity group its helpers must not meet other files' (cmake/unity.cmake)
 namespace {
 
 std::vector<float> randv(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -433,6 +434,7 @@ TEST_F(CudaEndToEnd, AutoPicksTheDevice) {
 }
 
 }  // namespace
+}  // namespace cuda_backend_test
 }  // namespace klein
 
 #endif  // KLEIN_HAS_CUDA
