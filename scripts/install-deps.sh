@@ -15,6 +15,7 @@ done
 # libgtest-dev is here, not under --test: the default build (KLEIN_BUILD_TESTS=ON) compiles the tests.
 pkgs=(g++ cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev
       libutf8proc-dev libpng-dev libjpeg-dev libwebp-dev
+      libssl-dev                                    # SHA-256 of model files (manifests, --verify)
       libcpp-httplib-dev)                           # klein serve
 if [ "$test_tools" = 1 ]; then
   pkgs+=(qemu-user                                     # tests/avx2_only_cpu.sh: an AVX2-only CPU, emulated

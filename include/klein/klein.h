@@ -123,6 +123,10 @@ struct LoadOptions {
   // giving it when the model path is empty or a single file that lacks it. Empty: none.
   std::string diffusion_model, text_encoder, vae;
   Variant variant = Variant::kAuto;
+  // A manifest (make_manifest / `klein manifest`) that the files this load reads are checked
+  // against before anything is loaded: the same files, each of the recorded size and SHA-256
+  // (hashed on `threads` threads at disk speed). Empty: no check.
+  std::string verify_manifest;
 };
 
 // The largest max_memory_gib / vae_tile_above_gib accepted (a budget beyond it means nothing).
@@ -359,13 +363,32 @@ struct QuantizeOptions {
   // removed after), which is then quantized; the output is a diffusers folder either way.
   std::string diffusion_model, text_encoder, vae;
   Variant variant = Variant::kAuto;
-  std::string output;             // new folder (must not exist; written as output.tmp-* then renamed)
+  std::string output;             // new folder (must not exist; written as output.tmp-* then renamed),
+                                  // with a manifest.json of its files (make_manifest)
   std::string type = "q8";        // "q8", "q4" or "bf16"
   std::vector<std::string> keep;  // extra globs of tensors kept as stored
   int threads = 0;                // 0: all cores; at most kMaxThreads
+  std::string verify_manifest;    // as LoadOptions::verify_manifest, for the input
 };
 // progress("quantize <component>", tensors done, total); log: one summary line per component.
 KLEIN_API Status quantize_model(const QuantizeOptions& options, const Callbacks& callbacks = {});
+
+// Integrity manifests (`klein manifest`, `--verify`): JSON naming every file a load of `path`
+// with `options` reads (component weights, configs, tokenizer, scheduler config,
+// model_index.json) with its size and SHA-256, plus the layout, variant and per-component
+// formats detected. Paths are relative to the model folder (or file names for single files), so
+// a manifest still verifies a copy of the model elsewhere. Files are hashed on options.threads
+// threads, streamed (bounded memory); cb.cancel is polled between blocks.
+KLEIN_API Result<std::string> make_manifest(const std::string& path, const LoadOptions& options = {},
+                                            const Callbacks& cb = {});
+// make_manifest written to `output` atomically.
+KLEIN_API Status write_manifest(const std::string& path, const LoadOptions& options, const std::string& output,
+                                const Callbacks& cb = {});
+// Checks what a load of `path` reads against the manifest file `manifest` (what
+// LoadOptions::verify_manifest does at open): one line naming the first file that is missing,
+// extra, of another size or of another SHA-256.
+KLEIN_API Status verify_manifest(const std::string& manifest, const std::string& path, const LoadOptions& options = {},
+                                 const Callbacks& cb = {});
 
 // How close two images of one size are (`klein compare`).
 struct ImageComparison {

@@ -96,6 +96,9 @@ typedef struct klein_load_params {
   const char* text_encoder;
   const char* vae;
   int variant;        /* a klein_variant */
+  /* NULL or "": none; else a manifest (`klein manifest`) the files are checked against first
+     (klein.h LoadOptions::verify_manifest). */
+  const char* verify_manifest;
 } klein_load_params;
 
 typedef struct klein_generate_params {

@@ -47,6 +47,7 @@ klein_load_params klein_load_default_params(void) {
   p.text_encoder = nullptr;
   p.vae = nullptr;
   p.variant = KLEIN_VARIANT_AUTO;
+  p.verify_manifest = nullptr;
   return p;
 }
 
@@ -88,6 +89,7 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.variant = p.variant == KLEIN_VARIANT_BASE        ? klein::Variant::kBase
                 : p.variant == KLEIN_VARIANT_DISTILLED ? klein::Variant::kDistilled
                                                        : klein::Variant::kAuto;
+    o.verify_manifest = p.verify_manifest ? p.verify_manifest : "";
     auto m = klein::Model::open(path ? path : "", o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "api/guard.h"
+#include "api/manifest.h"
 #include "api/model_impl.h"
 #include "api/residency.h"
 #include "io/image_reader.h"
@@ -239,6 +240,8 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
                          ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
                          "which klein.cpp does not implement yet");
     KLEIN_RETURN_IF_ERROR(l.complete());
+    if (!options.verify_manifest.empty())
+      KLEIN_RETURN_IF_ERROR(api::verify_layout(l, options.verify_manifest, options.threads));
     m->te_spec = *l.text_encoder.spec;
     m->dit_spec = *l.transformer.spec;
     m->vae_spec = *l.vae.spec;

@@ -4,6 +4,7 @@
 
 #include "api/guard.h"
 #include "api/layout.h"
+#include "api/manifest.h"
 #include "api/model_impl.h"
 #include "core/format.h"
 #include "io/tensor_source.h"
@@ -167,6 +168,8 @@ Result<ModelInfo> Model::inspect(const std::string& path) { return inspect(path,
 Result<ModelInfo> Model::inspect(const std::string& path, const LoadOptions& options) {
   return api::guarded("inspect", [&]() -> Result<ModelInfo> {
     KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(path, options)));
+    if (!options.verify_manifest.empty())
+      KLEIN_RETURN_IF_ERROR(api::verify_layout(layout, options.verify_manifest, options.threads));
     return describe(layout, path);
   });
 }

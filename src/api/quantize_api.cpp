@@ -7,6 +7,7 @@
 
 #include "api/guard.h"
 #include "api/layout.h"
+#include "api/manifest.h"
 #include "io/image_reader.h"
 #include "io/safetensors_writer.h"
 #include "io/tensor_source.h"
@@ -95,16 +96,28 @@ Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
     s.progress = cb.progress;
     s.cancel = cb.cancel;
     s.log = cb.log;
+    // The output's manifest.json, written into the finished folder before it takes its name.
+    s.finish = [&](const fs::path& folder) -> Status {
+      KLEIN_ASSIGN_OR_RETURN(auto out, api::resolve_layout(api::layout_request(folder.string(), LoadOptions{})));
+      LoadOptions lo;
+      lo.threads = o.threads;
+      KLEIN_ASSIGN_OR_RETURN(Manifest m, api::build_manifest(out, folder.string(), lo, o.threads, cb.cancel));
+      return write_text_file(folder / "manifest.json", manifest_json(m));
+    };
+    LoadOptions in;
+    in.diffusion_model = o.diffusion_model;
+    in.text_encoder = o.text_encoder;
+    in.vae = o.vae;
+    in.variant = o.variant;
+    if (!o.verify_manifest.empty()) {
+      KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(o.model, in)));
+      KLEIN_RETURN_IF_ERROR(api::verify_layout(layout, o.verify_manifest, o.threads, cb.cancel));
+    }
     std::error_code ec;
     if (!files && fs::is_directory(o.model, ec)) return quantize_model_folder(s);
     // Single files: written out as a diffusers folder beside the output first (quantize reads
     // stored tensors under their diffusers names), removed whatever happens.
-    LoadOptions lo;
-    lo.diffusion_model = o.diffusion_model;
-    lo.text_encoder = o.text_encoder;
-    lo.vae = o.vae;
-    lo.variant = o.variant;
-    KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(o.model, lo)));
+    KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(o.model, in)));
     KLEIN_RETURN_IF_ERROR(layout.complete());
     fs::path out = o.output;
     if (!out.has_filename()) out = out.parent_path();

@@ -457,6 +457,7 @@ Status quantize_model_folder(const QuantizeSpec& spec) {
       fs::create_directories(out);
       KLEIN_RETURN_IF_ERROR(quantize_component(cx, name, dir, out));
     }
+    if (spec.finish) KLEIN_RETURN_IF_ERROR(spec.finish(tmp));
     fs::rename(tmp, output, ec);
     if (ec) return io_error(output.string() + ": cannot rename " + tmp.string() + " (" + ec.message() + ")");
     return Status::Ok();

@@ -22,6 +22,9 @@ struct QuantizeSpec {
   std::function<void(const std::string&, int, int)> progress;
   std::function<bool()> cancel;
   std::function<void(const std::string&)> log;
+  // Called with the finished temporary folder before it is renamed to `output` (the API layer
+  // writes the output's manifest.json there); an error fails the whole quantization.
+  std::function<Status(const std::filesystem::path&)> finish;
 };
 
 // The layers kept as stored by default: the ones seed 004 keeps in bf16 (embeddings, the DiT's

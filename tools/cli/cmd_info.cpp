@@ -115,7 +115,7 @@ Command make_info_command() {
 
 std::vector<Command> all_commands() {
   return {make_generate_command(), make_encode_command(), make_tokenize_command(), make_info_command(),
-          make_quantize_command(), make_decode_command(), make_compare_command(), make_serve_command()};
+          make_quantize_command(), make_decode_command(), make_compare_command(), make_serve_command(), make_manifest_command()};
 }
 
 }  // namespace klein::cli

@@ -41,6 +41,7 @@ Command make_quantize_command() {
     o->q.text_encoder = lo.text_encoder;
     o->q.vae = lo.vae;
     o->q.variant = lo.variant;
+    o->q.verify_manifest = lo.verify_manifest;
     // A bar on a terminal, each component's end as a line otherwise (as generate's progress).
     Progress progress(o->quiet);
     Callbacks cb;

@@ -28,4 +28,5 @@ Command make_serve_command();  // tools/server/cmd_serve.cpp
 Command make_quantize_command();
 Command make_compare_command();
 Command make_decode_command();
+Command make_manifest_command();
 }  // namespace klein::cli

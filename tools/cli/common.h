@@ -20,6 +20,7 @@ namespace klein::cli {
 // model options of every command that loads one.
 struct ModelArgs {
   std::string model, diffusion_model, text_encoder, vae, variant;
+  std::string verify;  // --verify: a manifest the files are checked against before loading
   // Adds the options to `s`; `model_help` describes --model (and its default, if any).
   void add(CLI::App* s, const char* model_help);
   bool any() const { return !model.empty() || !diffusion_model.empty() || !text_encoder.empty() || !vae.empty(); }

@@ -162,12 +162,16 @@ void ModelArgs::add(CLI::App* s, const char* model_help) {
                 "does). Default: distilled, with a note when a file name contains 'base'. base (CFG) generation is "
                 "not supported yet")
       ->check(CLI::IsMember({"distilled", "base"}));
+  s->add_option("--verify", verify,
+                "Check the files against this manifest (from `klein manifest`) first: the same files, sizes and "
+                "SHA-256; any difference is an error before anything loads");
 }
 
 void ModelArgs::apply(LoadOptions& lo) const {
   lo.diffusion_model = diffusion_model;
   lo.text_encoder = text_encoder;
   lo.vae = vae;
+  lo.verify_manifest = verify;
   lo.variant = variant == "base" ? Variant::kBase : variant == "distilled" ? Variant::kDistilled : Variant::kAuto;
 }
 
