@@ -21,6 +21,7 @@ fi
 [ -f "$model-q8/model_index.json" ] || "$build/klein" quantize --model "$model" --type q8 -o "$model-q8" -q
 [ -f "$forms/embeds.npy" ] || "$py" -c "import numpy as np; np.save('$forms/embeds.npy', np.random.default_rng(0).standard_normal((1, 512, 7680), dtype=np.float32))"
 
+[ "${KLEIN_BENCH_PREPARE_ONLY:-0}" = 1 ] && { echo "prepared $model, $forms, $model-q8"; exit 0; }
 run() {  # label, model args
   local label=$1; shift
   local log rss load open total
@@ -45,3 +46,11 @@ run "BFL single file, bf16" --model "$model" --diffusion-model "$forms/flux-2-kl
 run "ComfyUI single file (model.diffusion_model.), bf16" --model "$model" --diffusion-model "$forms/flux-2-klein-4b-comfy.safetensors"
 run "BFL fp8 single file (F8_E4M3 + scales)" --model "$model" --diffusion-model "$forms/flux-2-klein-4b-fp8.safetensors"
 run "klein q8 folder" --model "$model-q8"
+# Hashing for manifests / --verify: every file of the folder, the second pass from the page cache.
+for pass in 1 2; do
+  t0=$(date +%s.%N)
+  "$build/klein" manifest --model "$model" -t "$threads" -o "$forms/manifest.json" 2> /dev/null
+  t1=$(date +%s.%N)
+done
+bytes=$(du -sb "$model" | cut -f1)
+awk -v b="$bytes" -v t0="$t0" -v t1="$t1" 'BEGIN{printf "manifest of the folder: %.1f GB in %.2f s = %.2f GB/s\n", b/1e9, t1-t0, b/1e9/(t1-t0)}'

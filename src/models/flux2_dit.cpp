@@ -167,53 +167,26 @@ Result<Flux2Transformer> Flux2Transformer::load(std::shared_ptr<const TensorSour
     return bind.vector_f32(name, n, out);
   };
 
-  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
-
-  KLEIN_RETURN_IF_ERROR(get("x_embedder.weight", {D, c.in_channels}, &m.x_embedder_));
-  KLEIN_RETURN_IF_ERROR(get("context_embedder.weight", {D, c.joint_attention_dim}, &m.context_embedder_));
-  const int64_t C = c.timestep_guidance_channels;
-  KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.timestep_embedder.linear_1.weight", {D, C}, &m.t_lin1_));
-  KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.timestep_embedder.linear_2.weight", {D, D}, &m.t_lin2_));
-  if (c.guidance_embeds) {
-    KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.guidance_embedder.linear_1.weight", {D, C}, &m.g_lin1_));
-    KLEIN_RETURN_IF_ERROR(get("time_guidance_embed.guidance_embedder.linear_2.weight", {D, D}, &m.g_lin2_));
+  // The config's block counts size the model before its tensors are bound: the last block of each
+  // kind must be in the file first, so that a corrupt count fails here rather than allocating.
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim();
+  auto last_block_there = [&](const std::string& name, const Shape& shape) -> Status {
+    Weight probe;  // the binder's own message for a missing tensor; a present one is bound in order below
+    return m.source_->has(name) ? Status::Ok() : get(name, shape, &probe);
+  };
+  if (c.num_layers > 0)
+    KLEIN_RETURN_IF_ERROR(last_block_there(
+        "transformer_blocks." + std::to_string(c.num_layers - 1) + ".attn.to_q.weight", {D, D}));
+  if (c.num_single_layers > 0)
+    KLEIN_RETURN_IF_ERROR(last_block_there(
+        "single_transformer_blocks." + std::to_string(c.num_single_layers - 1) + ".attn.to_qkv_mlp_proj.weight",
+        {3 * D + 2 * F, D}));
+  m.double_.resize(static_cast<size_t>(c.num_layers));
+  m.single_.resize(static_cast<size_t>(c.num_single_layers));
+  for (const TensorRow& r : m.tensor_table()) {
+    if (r.weight) KLEIN_RETURN_IF_ERROR(get(r.name, r.shape, r.weight));
+    else KLEIN_RETURN_IF_ERROR(get_vec(r.name, r.shape[0], r.vector));
   }
-  KLEIN_RETURN_IF_ERROR(get("double_stream_modulation_img.linear.weight", {6 * D, D}, &m.mod_img_));
-  KLEIN_RETURN_IF_ERROR(get("double_stream_modulation_txt.linear.weight", {6 * D, D}, &m.mod_txt_));
-  KLEIN_RETURN_IF_ERROR(get("single_stream_modulation.linear.weight", {3 * D, D}, &m.mod_single_));
-
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
-    DoubleBlock b;
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_q.weight", {D, D}, &b.to_q));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_k.weight", {D, D}, &b.to_k));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_v.weight", {D, D}, &b.to_v));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_q.weight", hd, &b.norm_q));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_k.weight", hd, &b.norm_k));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_out.0.weight", {D, D}, &b.to_out));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_q_proj.weight", {D, D}, &b.add_q));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_k_proj.weight", {D, D}, &b.add_k));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.add_v_proj.weight", {D, D}, &b.add_v));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_added_q.weight", hd, &b.norm_added_q));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_added_k.weight", hd, &b.norm_added_k));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_add_out.weight", {D, D}, &b.to_add_out));
-    KLEIN_RETURN_IF_ERROR(get(p + "ff.linear_in.weight", {2 * F, D}, &b.ff_in));
-    KLEIN_RETURN_IF_ERROR(get(p + "ff.linear_out.weight", {D, F}, &b.ff_out));
-    KLEIN_RETURN_IF_ERROR(get(p + "ff_context.linear_in.weight", {2 * F, D}, &b.ffc_in));
-    KLEIN_RETURN_IF_ERROR(get(p + "ff_context.linear_out.weight", {D, F}, &b.ffc_out));
-    m.double_.push_back(std::move(b));
-  }
-  for (int64_t i = 0; i < c.num_single_layers; ++i) {
-    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".";
-    SingleBlock b;
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_qkv_mlp_proj.weight", {3 * D + 2 * F, D}, &b.qkv_mlp));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_q.weight", hd, &b.norm_q));
-    KLEIN_RETURN_IF_ERROR(get_vec(p + "attn.norm_k.weight", hd, &b.norm_k));
-    KLEIN_RETURN_IF_ERROR(get(p + "attn.to_out.weight", {D, D + F}, &b.to_out));
-    m.single_.push_back(std::move(b));
-  }
-  KLEIN_RETURN_IF_ERROR(get("norm_out.linear.weight", {2 * D, D}, &m.norm_out_));
-  KLEIN_RETURN_IF_ERROR(get("proj_out.weight", {c.out_channels, D}, &m.proj_out_));
 
   // Anything left over means the file and config.json disagree (more blocks, biases, a guidance
   // embedder the config turned off, or another architecture).
@@ -228,16 +201,66 @@ Result<Flux2Transformer> Flux2Transformer::load(const fs::path& dir) {
   return load(std::move(f.source), f.config, f.config_where);
 }
 
+std::vector<Flux2Transformer::TensorRow> Flux2Transformer::tensor_table() const {
+  const Flux2Config& c = cfg_;
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim, C = c.timestep_guidance_channels;
+  // The rows hand out writable pointers (load binds through them); the table itself changes nothing.
+  auto* self = const_cast<Flux2Transformer*>(this);
+  std::vector<TensorRow> t;
+  auto mat = [&](std::string name, Shape shape, Weight* w, int block = -1) {
+    t.push_back({std::move(name), std::move(shape), block, w, nullptr});
+  };
+  auto vec = [&](std::string name, int64_t n, std::vector<float>* v, int block) {
+    t.push_back({std::move(name), {n}, block, nullptr, v});
+  };
+  mat("x_embedder.weight", {D, c.in_channels}, &self->x_embedder_);
+  mat("context_embedder.weight", {D, c.joint_attention_dim}, &self->context_embedder_);
+  mat("time_guidance_embed.timestep_embedder.linear_1.weight", {D, C}, &self->t_lin1_);
+  mat("time_guidance_embed.timestep_embedder.linear_2.weight", {D, D}, &self->t_lin2_);
+  if (c.guidance_embeds) {
+    mat("time_guidance_embed.guidance_embedder.linear_1.weight", {D, C}, &self->g_lin1_);
+    mat("time_guidance_embed.guidance_embedder.linear_2.weight", {D, D}, &self->g_lin2_);
+  }
+  mat("double_stream_modulation_img.linear.weight", {6 * D, D}, &self->mod_img_);
+  mat("double_stream_modulation_txt.linear.weight", {6 * D, D}, &self->mod_txt_);
+  mat("single_stream_modulation.linear.weight", {3 * D, D}, &self->mod_single_);
+  int block = 0;
+  for (size_t i = 0; i < self->double_.size(); ++i, ++block) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    DoubleBlock& b = self->double_[i];
+    mat(p + "attn.to_q.weight", {D, D}, &b.to_q, block);
+    mat(p + "attn.to_k.weight", {D, D}, &b.to_k, block);
+    mat(p + "attn.to_v.weight", {D, D}, &b.to_v, block);
+    vec(p + "attn.norm_q.weight", hd, &b.norm_q, block);
+    vec(p + "attn.norm_k.weight", hd, &b.norm_k, block);
+    mat(p + "attn.to_out.0.weight", {D, D}, &b.to_out, block);
+    mat(p + "attn.add_q_proj.weight", {D, D}, &b.add_q, block);
+    mat(p + "attn.add_k_proj.weight", {D, D}, &b.add_k, block);
+    mat(p + "attn.add_v_proj.weight", {D, D}, &b.add_v, block);
+    vec(p + "attn.norm_added_q.weight", hd, &b.norm_added_q, block);
+    vec(p + "attn.norm_added_k.weight", hd, &b.norm_added_k, block);
+    mat(p + "attn.to_add_out.weight", {D, D}, &b.to_add_out, block);
+    mat(p + "ff.linear_in.weight", {2 * F, D}, &b.ff_in, block);
+    mat(p + "ff.linear_out.weight", {D, F}, &b.ff_out, block);
+    mat(p + "ff_context.linear_in.weight", {2 * F, D}, &b.ffc_in, block);
+    mat(p + "ff_context.linear_out.weight", {D, F}, &b.ffc_out, block);
+  }
+  for (size_t i = 0; i < self->single_.size(); ++i, ++block) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".";
+    SingleBlock& b = self->single_[i];
+    mat(p + "attn.to_qkv_mlp_proj.weight", {3 * D + 2 * F, D}, &b.qkv_mlp, block);
+    vec(p + "attn.norm_q.weight", hd, &b.norm_q, block);
+    vec(p + "attn.norm_k.weight", hd, &b.norm_k, block);
+    mat(p + "attn.to_out.weight", {D, D + F}, &b.to_out, block);
+  }
+  mat("norm_out.linear.weight", {2 * D, D}, &self->norm_out_);
+  mat("proj_out.weight", {c.out_channels, D}, &self->proj_out_);
+  return t;
+}
+
 Status Flux2Transformer::for_each_weight(const std::function<Status(Weight&)>& fn) {
-  for (Weight* w : {&x_embedder_, &context_embedder_, &t_lin1_, &t_lin2_, &g_lin1_, &g_lin2_, &mod_img_, &mod_txt_,
-                    &mod_single_, &norm_out_, &proj_out_})
-    KLEIN_RETURN_IF_ERROR(fn(*w));
-  for (DoubleBlock& b : double_)
-    for (Weight* w : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.add_q, &b.add_k, &b.add_v, &b.to_add_out, &b.ff_in,
-                      &b.ff_out, &b.ffc_in, &b.ffc_out})
-      KLEIN_RETURN_IF_ERROR(fn(*w));
-  for (SingleBlock& b : single_)
-    for (Weight* w : {&b.qkv_mlp, &b.to_out}) KLEIN_RETURN_IF_ERROR(fn(*w));
+  for (const TensorRow& r : tensor_table())
+    if (r.weight) KLEIN_RETURN_IF_ERROR(fn(*r.weight));
   return Status::Ok();
 }
 
@@ -245,15 +268,8 @@ int Flux2Transformer::num_blocks() const { return static_cast<int>(double_.size(
 
 void Flux2Transformer::for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const {
   if (i < 0 || i >= num_blocks()) return;
-  if (static_cast<size_t>(i) < double_.size()) {
-    const DoubleBlock& b = double_[i];
-    for (const Weight* w : {&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.add_q, &b.add_k, &b.add_v, &b.to_add_out,
-                            &b.ff_in, &b.ff_out, &b.ffc_in, &b.ffc_out})
-      fn(*w);
-    return;
-  }
-  const SingleBlock& b = single_[i - double_.size()];
-  for (const Weight* w : {&b.qkv_mlp, &b.to_out}) fn(*w);
+  for (const TensorRow& r : tensor_table())
+    if (r.block == i && r.weight) fn(*r.weight);
 }
 
 }  // namespace klein

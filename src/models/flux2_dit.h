@@ -81,8 +81,21 @@ class Flux2Transformer {
   static Result<Flux2Transformer> load(const std::filesystem::path& dir);
 
   const Flux2Config& config() const { return cfg_; }
-  // Calls fn on every weight the model holds (empty optional ones included), stopping at the
-  // first error: weight preparation for a backend, memory accounting, `klein info`.
+  // The tensor table: one row per tensor the transformer binds, in load order — its diffusers
+  // name, the shape the config gives it, its block (run order; -1 outside the blocks) and where
+  // the model keeps it. Loading, for_each_weight, the per-block walk of streaming and memory
+  // accounting all read it (and LoRA will): no other list of the transformer's tensors exists.
+  struct TensorRow {
+    std::string name;
+    Shape shape;
+    int block = -1;
+    Weight* weight = nullptr;              // a matrix, kept in its stored format
+    std::vector<float>* vector = nullptr;  // or a norm vector, converted to float32 at load
+  };
+  // Rows point into this model (double_ / single_ must already have the config's sizes).
+  std::vector<TensorRow> tensor_table() const;
+  // Calls fn on every weight the model holds, stopping at the first error: weight preparation
+  // for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
   // Blocks in run order (the double blocks, then the single blocks) and the weights of one of them: what a
   // caller streams between RunContext::on_block calls. Weights outside every block (embeddings,
