@@ -31,6 +31,7 @@ const char* scheme_name(NamingScheme s) {
     case NamingScheme::kLdm: return "LDM";
     case NamingScheme::kHfTransformers: return "transformers";
     case NamingScheme::kLlamaCpp: return "llama.cpp";
+    case NamingScheme::kMflux: return "mflux";
     case NamingScheme::kUnknown: break;
   }
   return "unknown";
