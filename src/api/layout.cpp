@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 
 #include "io/checkpoint_detect.h"
 #include "io/json_file.h"
@@ -198,7 +199,12 @@ ComponentSlot mflux_slot(const fs::path& root, const Role& r) {
   spec.where = where;
   spec.scheme = NamingScheme::kMflux;
   spec.family = p.family;
-  spec.description = p.description + " (mflux pack, " + quant + ")";
+  // Detection saw the names the map gives; the pack's own are mflux's.
+  spec.description = p.description;
+  for (const char* mapped_words : {", diffusers names", ", transformers names"})
+    if (auto at = spec.description.find(mapped_words); at != std::string::npos)
+      spec.description.replace(at, std::strlen(mapped_words), ", mflux names");
+  spec.description += " (mflux pack, " + quant + ")";
   spec.config_where = where + " (config from its tensor shapes)";
   auto cfg = preset_config(p, where);
   if (!cfg.ok()) return fail(cfg.status());
