@@ -115,6 +115,18 @@ TEST_P(Q8G64Kernels, LinearGivesTheScalarRowsExactly) {
   }
 }
 
+// A quantized token embedding (mflux's nn.quantize quantizes Qwen3's embed_tokens where its width
+// allows): the backend's row gather dequantizes the rows asked for.
+TEST(Q8G64Format, EmbeddingGatherDequantizesTheRows) {
+  const Q8Weight t = make_q8(6, 128, 3);
+  CpuBackend backend(CpuBackendOptions{1});
+  Tensor out({3, 128});
+  ASSERT_TRUE(backend.gather_rows(t.w, {4, 0, 4}, out).ok());
+  const int rows[] = {4, 0, 4};
+  for (int i = 0; i < 3; ++i)
+    for (int64_t c = 0; c < 128; ++c) ASSERT_EQ(out.data()[i * 128 + c], q8_formula(t, rows[i], c));
+}
+
 // --- the name maps ------------------------------------------------------------------------------
 
 TEST(MfluxNameMap, RenamesAsFlux2WeightMapping) {
@@ -258,6 +270,26 @@ TEST(MfluxPack, VaeDecodeMatchesDiffusers) {
   const Compare c = compare(img->data(), ref);
   std::printf("[mflux q4] VAE decode vs diffusers: rel %.3g\n", c.rel);
   EXPECT_LE(c.rel, 1e-4);
+}
+
+// The pack's text encoder is the tiny one's bf16 weights under mflux's names (none of its layers
+// is 64 wide): through the map it must give the tiny model's hidden states bit for bit.
+TEST(MfluxPack, TextEncoderEqualsTheTinyOnesThroughTheMap) {
+  const api::ComponentSpec spec = pack_spec("q4", "text_encoder");
+  auto src = spec.open();
+  ASSERT_TRUE(src.ok()) << src.status().to_string();
+  auto pack = Qwen3Encoder::load(*src, spec.config, spec.config_where, 27);
+  ASSERT_TRUE(pack.ok()) << pack.status().to_string();
+  auto tiny = Qwen3Encoder::load(testing::tiny_model_dir() / "text_encoder", 27);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().to_string();
+  CpuBackend backend(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &backend;
+  const std::vector<int32_t> ids = {151644, 872, 198, 64, 2518, 23739, 151645, 198}, mask(ids.size(), 1);
+  auto a = pack->encode(ids, mask, {9, 18, 27}, ctx), b = tiny->encode(ids, mask, {9, 18, 27}, ctx);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->numel(), b->numel());
+  EXPECT_EQ(std::memcmp(a->data(), b->data(), sizeof(float) * a->numel()), 0);
 }
 
 // --- the whole pipeline -------------------------------------------------------------------------
