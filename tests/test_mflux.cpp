@@ -4,6 +4,8 @@
 // diffusers run with MLX's dequantized weights, the whole pipeline from a pack, broken packs.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -125,6 +127,24 @@ TEST(Q8G64Format, EmbeddingGatherDequantizesTheRows) {
   const int rows[] = {4, 0, 4};
   for (int i = 0; i < 3; ++i)
     for (int64_t c = 0; c < 128; ++c) ASSERT_EQ(out.data()[i * 128 + c], q8_formula(t, rows[i], c));
+}
+
+// The header's quantization_level decides 8-bit groups of 64 against 4-bit groups of 128 (the same
+// 512 bits per group); an mlx-lm "quantization" entry is checked against it.
+TEST(Q8G64Format, HeaderLevelDecidesAndConfigIsChecked) {
+  auto q8 = SafetensorsSource::open(mflux_dir() / "q8" / "transformer");
+  ASSERT_TRUE(q8.ok()) << q8.status().to_string();
+  auto w = (*q8)->get("x_embedder.weight");
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(w->dtype, DType::kQ8G64);
+  EXPECT_EQ(w->shape, (Shape{32, 128}));
+  const nlohmann::json ok = {{"quantization", {{"bits", 8}, {"group_size", 64}}}};
+  EXPECT_TRUE((*q8)->check_quantization(ok, "config.json").ok());
+  const nlohmann::json wrong = {{"quantization", {{"bits", 4}, {"group_size", 64}}}};
+  const Status st = (*q8)->check_quantization(wrong, "config.json");
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("fits MLX 4-bit with groups of 128 or 8-bit with groups of 64"), std::string::npos)
+      << st.message();
 }
 
 // --- the name maps ------------------------------------------------------------------------------
