@@ -384,6 +384,16 @@ void expect_error(const fs::path& pack, const std::string& a, const std::string&
   EXPECT_NE(msg.find(b), std::string::npos) << msg;
 }
 
+// The variant cannot be read from weights: a pack whose folder name says "base" gets the note.
+TEST(MfluxPack, APackNamedBaseGetsTheVariantNote) {
+  const fs::path dir = testing::make_temp_dir("mflux_base") / "flux2-klein-base-4b-mflux-4bit";
+  fs::copy(mflux_dir() / "q4", dir, fs::copy_options::recursive);
+  auto l = api::resolve_layout({dir.string()});
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  ASSERT_EQ(l->notes.size(), 1u);
+  EXPECT_TRUE(l->notes[0].starts_with("flux2-klein-base-4b-mflux-4bit: ")) << l->notes[0];
+}
+
 TEST(MfluxPack, AMissingShardIsNamed) {
   const fs::path pack = copy_pack("mflux_shard");
   fs::remove(pack / "transformer" / "1.safetensors");

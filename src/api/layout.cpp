@@ -403,8 +403,11 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
   } else {
     l.distilled = true;
     l.variant_source = "default for single files";
-    if (dit && name_says_base(dit->path))
-      l.notes.push_back(dit->path.filename().string() +
+    // An mflux pack's transformer is its folder transformer/: the pack's name says the variant.
+    const fs::path named = dit && dit->scheme == NamingScheme::kMflux ? dit->path.parent_path() : fs::path();
+    const fs::path& said = named.empty() && dit ? dit->path : named;
+    if (dit && name_says_base(said))
+      l.notes.push_back(said.filename().string() +
                         ": the file name suggests a base (undistilled) model; running it as distilled (4 steps, no "
                         "guidance); --variant distilled silences this note");
   }
