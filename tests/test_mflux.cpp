@@ -359,6 +359,7 @@ TEST(MfluxPack, CliInfoNamesThePackAndGenerates) {
   EXPECT_NE(r.out.find("mflux pack"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mflux"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MLX 4-bit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 file(s)"), std::string::npos) << r.out;  // the transformer's two shards
   const fs::path dir = testing::make_temp_dir("mflux_cli");
   r = testing::run_cli("generate --model " + quoted(q4) +
                        " -q -W 64 -H 48 --seed 11 --prompt 'a red cube' --threads 2 -o " + quoted(dir / "a.png"));
