@@ -30,7 +30,7 @@ same with the full-precision weights (full_*.npy) for the PSNR the tests print.
     /work/venv-mlx/bin/python scripts/reference/make_mflux_pack.py    # writes packs + dequantized weights
     /work/oracle/bin/python scripts/reference/make_mflux_pack.py --reference   # diffusers outputs
 
-Made with mlx 0.32.4 (CPU), diffusers 0.36 / torch 2.x CPU. Deterministic.
+Made with mlx 0.32.4 (CPU), diffusers 0.42.1 and torch 2.15.0 (CPU). Deterministic.
 """
 import json
 import os
