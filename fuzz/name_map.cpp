@@ -60,7 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (info.ok())
     for (const klein::CheckpointPart& p : info->parts)
       if (p.supported()) (void)klein::preset_config(p, "fuzz.safetensors");
-  for (const char* name : {"bfl_flux2_dit", "ldm_flux2_vae", "hf_qwen3_single_file"}) {
+  for (const char* name : {"bfl_flux2_dit", "ldm_flux2_vae", "hf_qwen3_single_file", "mflux_flux2_dit",
+                           "mflux_flux2_vae", "mflux_qwen3"}) {
     const klein::NameMap* map = klein::name_map_by_name(name);
     if (!map) std::abort();
     (void)klein::map_tensor_infos(*map, tensors, "fuzz.safetensors");

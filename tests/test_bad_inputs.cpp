@@ -269,6 +269,28 @@ std::vector<Case> cases() {
     return x.gen();
   }, "transformer/config.json");
   // ---- weights
+  // ---- mflux packs (tests/data/mflux, written by mlx), copied into the case's folder
+  auto mflux_pack = [](const Ctx& x) {
+    fs::copy(data_dir() / "mflux" / "q4", x.dir / "pack", fs::copy_options::recursive);
+    return "generate --model pack -W 32 -H 32 --steps 1 -q -o out/x.png --prompt hi";
+  };
+  add("MfluxShardMissing", 1, "1.safetensors", [=](const Ctx& x) {
+    const std::string args = mflux_pack(x);
+    fs::remove(x.dir / "pack" / "transformer" / "1.safetensors");
+    return args;
+  }, "transformer");
+  add("MfluxScalesMissing", 1, "'x_embedder.weight' is a quantized weight, but its companion 'x_embedder.scales' is missing", [=](const Ctx& x) {
+    const std::string args = mflux_pack(x);
+    const fs::path dir = x.dir / "pack" / "transformer";
+    for (const char* shard : {"0.safetensors", "1.safetensors"}) {
+      StFile f = st_read(dir / shard);
+      auto h = nlohmann::json::parse(f.header);
+      h.erase("x_embedder.scales");
+      st_write(dir / shard, h.dump(), f.data);
+    }
+    fs::remove(dir / "model.safetensors.index.json");  // the shards alone
+    return args;
+  }, "1.safetensors");
   add("DitWeightsMissing", 1, "transformer", [](const Ctx& x) { fs::remove(x.file(kDit)); return x.gen(); });
   add("DitTruncated", 1, kDit.c_str(), [](const Ctx& x) {
     const std::string s = slurp_file(x.file(kDit));

@@ -164,7 +164,8 @@ TEST(NameMap, VaeDecoderLevelsAreReversed) {
 // Every table is plain data that the engine can apply: targets use only placeholders their
 // pattern captures, {*} comes last, split rules have several parts, reshape a rank.
 TEST(NameMap, TablesAreWellFormed) {
-  for (const char* name : {"bfl_flux2_dit", "ldm_flux2_vae", "hf_qwen3_single_file"}) {
+  for (const char* name : {"bfl_flux2_dit", "ldm_flux2_vae", "hf_qwen3_single_file", "mflux_flux2_dit",
+                           "mflux_flux2_vae", "mflux_qwen3"}) {
     const NameMap* m = name_map_by_name(name);
     ASSERT_NE(m, nullptr) << name;
     for (const NameRule& r : m->rules) {

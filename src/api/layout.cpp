@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 
+#include "io/checkpoint_detect.h"
 #include "io/json_file.h"
 #include "io/mapped_source.h"
+#include "io/name_map.h"
 #include "io/tensor_source.h"
 
 namespace fs = std::filesystem;
@@ -143,6 +146,82 @@ Result<std::vector<ComponentSpec>> file_specs(const fs::path& file, const std::s
   return out;
 }
 
+// An mflux pack (mflux's ModelSaver): component folders transformer/, vae/, text_encoder/ of
+// shards 0.safetensors, 1.safetensors, ... (and model.safetensors.index.json), no
+// model_index.json and no config.json.
+bool is_mflux_pack(const fs::path& root) {
+  std::error_code ec;
+  if (fs::exists(root / "model_index.json", ec)) return false;
+  for (const Role& r : kRoles)
+    if (fs::is_regular_file(root / r.name / "0.safetensors", ec)) return true;
+  return false;
+}
+
+const NameMap& mflux_map_of(Component c) {
+  return c == Component::kTransformer ? mflux_flux2_dit_map()
+         : c == Component::kVae       ? mflux_flux2_vae_map()
+                                      : mflux_qwen3_map();
+}
+
+// The pack's component `r`: its shards through the mflux map, detected like a single file, the
+// config from its shapes (a config.json in the folder for this class wins, as beside a file).
+// Errors go to the slot, as a diffusers folder's do; a missing folder leaves the slot empty.
+ComponentSlot mflux_slot(const fs::path& root, const Role& r) {
+  ComponentSlot s;
+  const fs::path dir = root / r.name;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return s;
+  const std::string where = dir.string();
+  auto fail = [&](Status st) {
+    s.error = std::move(st);
+    return s;
+  };
+  if (!fs::is_regular_file(dir / "0.safetensors", ec) && !fs::is_regular_file(dir / "model.safetensors.index.json", ec))
+    return fail(not_found(where + ": an mflux pack's " + r.words + " folder without 0.safetensors"));
+  auto st = SafetensorsSource::open(dir);
+  if (!st.ok()) return fail(st.status());
+  std::string quant = "unquantized";
+  if (auto m = (*st)->store().metadata().find("quantization_level"); m != (*st)->store().metadata().end())
+    quant = m->second == "None" ? quant : "MLX " + m->second + "-bit, groups of 64";
+  const NameMap& map = mflux_map_of(r.component);
+  auto mapped = MappedSource::create(*st, map);
+  if (!mapped.ok()) return fail(mapped.status());
+  auto info = detect_checkpoint(**mapped);
+  if (!info.ok()) return fail(info.status());
+  if (info->parts.size() != 1 || info->parts[0].component != r.component || !info->parts[0].supported())
+    return fail(unsupported(where + ": expected an mflux pack's " + r.words + ", but it looks like " +
+                            (info->parts.empty() ? std::string("nothing (no tensors)") : info->description)));
+  const CheckpointPart& p = info->parts[0];
+  ComponentSpec spec;
+  spec.role = r.name;
+  spec.path = dir;
+  spec.map = &map;
+  spec.where = where;
+  spec.scheme = NamingScheme::kMflux;
+  spec.family = p.family;
+  // Detection saw the names the map gives; the pack's own are mflux's.
+  spec.description = p.description;
+  for (const char* mapped_words : {", diffusers names", ", transformers names"})
+    if (auto at = spec.description.find(mapped_words); at != std::string::npos)
+      spec.description.replace(at, std::strlen(mapped_words), ", mflux names");
+  spec.description += " (mflux pack, " + quant + ")";
+  spec.config_where = where + " (config from its tensor shapes)";
+  auto cfg = preset_config(p, where);
+  if (!cfg.ok()) return fail(cfg.status());
+  spec.config = std::move(cfg).value();
+  const fs::path beside = dir / "config.json";
+  if (fs::is_regular_file(beside, ec)) {
+    auto j = read_json_file(beside);
+    if (!j.ok()) return fail(j.status());
+    if (config_is_for(config_class(*j), r.component)) {
+      spec.config = std::move(j).value();
+      spec.config_where = beside.string();
+    }
+  }
+  s.spec = std::move(spec);
+  return s;
+}
+
 int64_t int_or(const nlohmann::json& j, const char* key, int64_t def) {
   auto it = j.find(key);
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : def;
@@ -233,8 +312,15 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
 
   std::error_code ec;
   std::vector<fs::path> single_files;
+  bool mflux = false;
   if (!req.model.empty()) {
-    if (fs::is_directory(req.model, ec)) {
+    if (fs::is_directory(req.model, ec) && is_mflux_pack(req.model)) {
+      mflux = true;
+      l.kind = "mflux pack";
+      for (const Role& r : kRoles) slot(l, r.component) = mflux_slot(req.model, r);
+      const fs::path tok = fs::path(req.model) / "tokenizer";
+      if (fs::is_regular_file(tok / "tokenizer.json", ec)) l.tokenizer = tok;
+    } else if (fs::is_directory(req.model, ec)) {
       KLEIN_ASSIGN_OR_RETURN(l.folder, ModelFolder::open(req.model));
       l.kind = "diffusers folder";
       for (const Role& r : kRoles) slot(l, r.component) = folder_slot(*l.folder, r);
@@ -270,6 +356,7 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
   if (l.folder && replaced) l.kind = "diffusers folder with parts replaced";
   else if (l.folder && !single_files.empty()) l.kind = "diffusers folder with parts added";
   else if (!l.folder && single_files.size() > 1) l.kind = "single files";
+  if (mflux && !single_files.empty()) l.kind = replaced ? "mflux pack with parts replaced" : "mflux pack with parts added";
 
   // A missing part: which one, what was given, and the option that supplies it.
   for (const Role& r : kRoles) {
@@ -316,8 +403,11 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
   } else {
     l.distilled = true;
     l.variant_source = "default for single files";
-    if (dit && name_says_base(dit->path))
-      l.notes.push_back(dit->path.filename().string() +
+    // An mflux pack's transformer is its folder transformer/: the pack's name says the variant.
+    const fs::path named = dit && dit->scheme == NamingScheme::kMflux ? dit->path.parent_path() : fs::path();
+    const fs::path& said = named.empty() && dit ? dit->path : named;
+    if (dit && name_says_base(said))
+      l.notes.push_back(said.filename().string() +
                         ": the file name suggests a base (undistilled) model; running it as distilled (4 steps, no "
                         "guidance); --variant distilled silences this note");
   }

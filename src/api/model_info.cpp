@@ -32,6 +32,7 @@ const char* scheme_name(NamingScheme s) {
     case NamingScheme::kLdm: return "LDM";
     case NamingScheme::kHfTransformers: return "transformers";
     case NamingScheme::kLlamaCpp: return "llama.cpp";
+    case NamingScheme::kMflux: return "mflux";
     case NamingScheme::kUnknown: break;
   }
   return "unknown";
@@ -75,6 +76,9 @@ void summarize_weights(const api::ComponentSpec& spec, ComponentSummary& c) {
   c.has_weights = true;
   const auto* st = dynamic_cast<const SafetensorsSource*>(src->get());
   c.files = st ? st->store().files().size() : 1;
+  std::error_code ec;
+  if (!st && std::filesystem::is_directory(spec.path, ec))  // an mflux pack's shards behind its name map
+    if (auto shards = SafetensorsSource::open(spec.path); shards.ok()) c.files = (*shards)->store().files().size();
   c.tensors = names.size();
   c.bytes = (*src)->total_bytes();
   for (auto& [k, v] : by_format) c.by_dtype.push_back(v);

@@ -27,6 +27,7 @@ enum class DType : uint8_t {
   kQ4G64,  // int4 affine, groups of 64 along K, scale + offset per group, MLX nibble order
   kF8E5M2,  // float8 e5m2 as stored (read; not a weight format the engine computes with)
   kF8E4M3Scaled,  // float8 e4m3fn with one float32 scale per tensor: v = e4m3(q) · scale (BFL / ComfyUI fp8)
+  kQ8G64,  // uint8 affine, groups of 64 along K, scale + offset per group (MLX / mflux 8-bit)
   kCount,  // number of formats (not a format)
 };
 

@@ -57,6 +57,19 @@ void q4g64_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
   }
 }
 
+// Q8_G64: one byte per element (MLX's uint32 words of 4 bytes, low first, are these bytes on a
+// little-endian machine); per group of 64: v = offset + scale·q, as MLX dequantises.
+void q8g64_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
+  const int64_t cols = w.cols(), groups = cols / 64;
+  const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * cols;
+  for (int64_t g = c0 / 64; g < (c0 + n) / 64; ++g) {
+    const float s = scale_at(w.scales, w.scale_dtype, r * groups + g);
+    const float m = scale_at(w.offsets, w.scale_dtype, r * groups + g);
+    float* o = out + (g * 64 - c0);
+    for (int64_t i = 0; i < 64; ++i) o[i] = m + s * static_cast<float>(q[g * 64 + i]);
+  }
+}
+
 // F8_E4M3_SCALED: e4m3fn bytes and one scale for the tensor: v = e4m3(q) · scale, one float32
 // multiply (the dequantisation BFL's and ComfyUI's loaders do before a bf16 matmul).
 void f8scaled_row(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
@@ -85,6 +98,7 @@ constexpr FormatTraits kTable[] = {
     {DType::kF8E5M2, "F8_E5M2", "F8_E5M2", 8, 1, 1, S::kNone, false, true, false, plain_row<uint8_t, u8_f8e5m2>},
     {DType::kF8E4M3Scaled, "F8_E4M3_SCALED", "", 8, 1, 1, S::kSeparate, false, true, true, f8scaled_row, false,
      true},
+    {DType::kQ8G64, "Q8_G64", "", 8, 64, 64, S::kSeparate, true, true, true, q8g64_row},
 };
 static_assert(std::size(kTable) == static_cast<size_t>(DType::kCount), "one row per DType");
 

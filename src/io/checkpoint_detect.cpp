@@ -92,6 +92,7 @@ const char* scheme_words(NamingScheme s) {
     case NamingScheme::kLdm: return "LDM names";
     case NamingScheme::kHfTransformers: return "transformers names";
     case NamingScheme::kLlamaCpp: return "llama.cpp names";
+    case NamingScheme::kMflux: return "mflux names";
     case NamingScheme::kUnknown: break;
   }
   return "unknown names";

@@ -27,6 +27,7 @@ enum class NamingScheme : uint8_t {
   kLdm,             // LDM autoencoder names (encoder.down.N.block.M…)
   kHfTransformers,  // transformers names (model.layers.N…)
   kLlamaCpp,        // llama.cpp GGUF names (blk.N…): recognised, not mapped yet
+  kMflux,           // an mflux pack's component (mflux's module names, OHWI VAE convs)
   kUnknown,
 };
 enum class Family : uint8_t {

@@ -51,6 +51,33 @@ Result<Weight> swapped_halves(const Weight& w) {
   return out;
 }
 
+// A conv weight stored [O, H, W, I] (MLX) as torch's [O, I, H, W], an owned copy; plain element
+// types only (MLX quantizes no conv).
+Result<Weight> ohwi_to_oihw_copy(const Weight& w, const Shape& oihw) {
+  const size_t esz = dtype_size(w.dtype);
+  if (w.layout != Layout::kRowMajor || esz == 0 || w.shape.size() != 4)
+    return unsupported("tensor '" + w.name + "' " + std::string(dtype_name(w.dtype)) + " " + shape_str(w.shape) +
+                       ": only a plain 4-D conv weight can be permuted from [O, H, W, I]");
+  const int64_t O = oihw[0], I = oihw[1], H = oihw[2], W = oihw[3];
+  const size_t total = static_cast<size_t>(O * I * H * W) * esz;
+  std::shared_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[total > 0 ? total : 1]);
+  if (!buf) return Status(Code::kOutOfMemory, "tensor '" + w.name + "': " + std::to_string(total) +
+                                                  " bytes for its [O, I, H, W] copy");
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < W; ++x)
+          std::memcpy(buf.get() + static_cast<size_t>(((o * I + i) * H + h) * W + x) * esz,
+                      src + static_cast<size_t>(((o * H + h) * W + x) * I + i) * esz, esz);
+  Weight out = w;
+  out.shape = oihw;
+  out.data = buf.get();
+  out.nbytes = total;
+  out.owner = std::shared_ptr<const void>(buf, buf.get());
+  return out;
+}
+
 }  // namespace
 
 // --- ScopedSource ----------------------------------------------------------------------------
@@ -135,6 +162,12 @@ Result<Weight> MappedSource::get(const std::string& name) const {
       auto s = swapped_halves(w);
       if (!s.ok()) return Status(s.status().code(), where + ": " + s.status().message());
       w = std::move(*s);
+      break;
+    }
+    case NameOp::kOhwiToOihw: {
+      auto p = ohwi_to_oihw_copy(w, *shape);
+      if (!p.ok()) return Status(p.status().code(), where + ": " + p.status().message());
+      w = std::move(*p);
       break;
     }
     case NameOp::kReshape:

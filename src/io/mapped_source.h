@@ -48,7 +48,8 @@ class MappedSource final : public TensorSource {
   static Result<std::shared_ptr<MappedSource>> create(std::shared_ptr<const TensorSource> src, NameMap map);
 
   bool has(const std::string& name) const override { return targets_.count(name) != 0; }
-  // kSwapHalves returns a copy the Weight owns; it is made on every call (the models ask once).
+  // kSwapHalves and kOhwiToOihw return a copy the Weight owns; it is made on every call (the
+  // models ask once).
   Result<Weight> get(const std::string& name) const override;
   std::vector<std::string> names() const override;
   // The file and the stored tensor a name comes from: "ae.safetensors (as 'mid.attn_1.q.weight')".

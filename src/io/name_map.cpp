@@ -78,6 +78,9 @@ NameRule swap_halves(std::string from, std::string to) {
 NameRule reshape(std::string from, std::string to, int rank) {
   return {std::move(from), {std::move(to)}, NameOp::kReshape, rank};
 }
+NameRule ohwi_to_oihw(std::string from, std::string to) {
+  return {std::move(from), {std::move(to)}, NameOp::kOhwiToOihw, 0};
+}
 
 }  // namespace
 
@@ -131,6 +134,10 @@ Result<Shape> mapped_shape(const NameMap& map, const MappedName& m, const std::s
       if (shape.empty() || shape[0] % 2 != 0)
         return format_error(what + " has its row halves swapped, but has no even row count");
       return shape;
+    case NameOp::kOhwiToOihw:
+      if (shape.size() != 4)
+        return format_error(what + " is a conv weight stored [O, H, W, I] (MLX), but it is not 4-D");
+      return Shape{shape[0], shape[3], shape[1], shape[2]};
     case NameOp::kReshape: {
       Shape s = shape;
       const size_t rank = static_cast<size_t>(rule.rank);
@@ -285,8 +292,56 @@ const NameMap& hf_qwen3_single_file_map() {
   return kMap;
 }
 
+const NameMap& mflux_flux2_dit_map() {
+  // Flux2WeightMapping.get_transformer_mapping: only these three differ from diffusers' names.
+  static const NameMap kMap{
+      "mflux_flux2_dit",
+      {
+          rename("time_guidance_embed.linear_1.{*}", "time_guidance_embed.timestep_embedder.linear_1.{*}"),
+          rename("time_guidance_embed.linear_2.{*}", "time_guidance_embed.timestep_embedder.linear_2.{*}"),
+          rename("transformer_blocks.{i}.attn.to_out.{*}", "transformer_blocks.{i}.attn.to_out.0.{*}"),
+          rename("{*}", "{*}"),
+      }};
+  return kMap;
+}
+
+const NameMap& mflux_flux2_vae_map() {
+  // Flux2WeightMapping.get_vae_mapping: every Conv2d weight goes through
+  // transpose_conv2d_weight (OIHW → OHWI), so each is listed; the attention's to_out.0 is to_out.
+  static const NameMap kMap = [] {
+    std::vector<NameRule> r;
+    for (const std::string c : {"encoder.conv_in", "encoder.conv_out", "decoder.conv_in", "decoder.conv_out",
+                                "quant_conv", "post_quant_conv"})
+      r.push_back(ohwi_to_oihw(c + ".weight", c + ".weight"));
+    for (const std::string part : {"encoder", "decoder"}) {
+      for (const std::string conv : {"conv1", "conv2"})
+        r.push_back(ohwi_to_oihw(part + ".mid_block.resnets.{i}." + conv + ".weight",
+                                 part + ".mid_block.resnets.{i}." + conv + ".weight"));
+      r.push_back(rename(part + ".mid_block.attentions.0.to_out.{*}", part + ".mid_block.attentions.0.to_out.0.{*}"));
+    }
+    for (const std::string blocks : {"encoder.down_blocks", "decoder.up_blocks"})
+      for (const std::string conv : {"conv1", "conv2", "conv_shortcut"})
+        r.push_back(ohwi_to_oihw(blocks + ".{i}.resnets.{j}." + conv + ".weight",
+                                 blocks + ".{i}.resnets.{j}." + conv + ".weight"));
+    r.push_back(ohwi_to_oihw("encoder.down_blocks.{i}.downsamplers.0.conv.weight",
+                             "encoder.down_blocks.{i}.downsamplers.0.conv.weight"));
+    r.push_back(ohwi_to_oihw("decoder.up_blocks.{i}.upsamplers.0.conv.weight",
+                             "decoder.up_blocks.{i}.upsamplers.0.conv.weight"));
+    r.push_back(rename("{*}", "{*}"));
+    return NameMap{"mflux_flux2_vae", std::move(r)};
+  }();
+  return kMap;
+}
+
+const NameMap& mflux_qwen3_map() {
+  // Flux2WeightMapping.get_text_encoder_mapping: model.X → X (mflux keeps no lm_head).
+  static const NameMap kMap{"mflux_qwen3", {rename("{*}", "model.{*}")}};
+  return kMap;
+}
+
 const NameMap* name_map_by_name(std::string_view name) {
-  for (const NameMap* m : {&bfl_flux2_dit_map(), &ldm_flux2_vae_map(), &hf_qwen3_single_file_map()})
+  for (const NameMap* m : {&bfl_flux2_dit_map(), &ldm_flux2_vae_map(), &hf_qwen3_single_file_map(),
+                           &mflux_flux2_dit_map(), &mflux_flux2_vae_map(), &mflux_qwen3_map()})
     if (m->name == name) return m;
   return nullptr;
 }

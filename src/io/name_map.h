@@ -27,6 +27,7 @@ enum class NameOp : uint8_t {
   kSplitRows,   // rows cut into to.size() equal parts, in order (BFL fused qkv): views, no copy
   kSwapHalves,  // the two row halves exchanged, (shift, scale) ↔ (scale, shift): an owned copy
   kReshape,     // trailing size-1 dimensions dropped or appended to reach `rank` (1×1 conv ↔ linear)
+  kOhwiToOihw,  // a 4-D conv weight [O, H, W, I] (MLX's layout) permuted to torch's [O, I, H, W]: an owned copy
 };
 
 struct NameRule {
@@ -102,6 +103,16 @@ struct CompanionRule {
   CompanionRole role;
 };
 std::span<const CompanionRule> quant_companion_rules();
+
+// mflux packs (ModelSaver: per component folder, shards N.safetensors) → diffusers /
+// transformers names, the inverse of mflux's Flux2WeightMapping
+// (src/mflux/models/flux2/weights/flux2_weight_mapping.py): the transformer's
+// time_guidance_embed.linear_{1,2} and attn.to_out, the VAE's attention to_out and its convs in
+// MLX's OHWI layout (WeightTransforms.transpose_conv2d_weight), the text encoder without
+// transformers' "model." prefix.
+const NameMap& mflux_flux2_dit_map();
+const NameMap& mflux_flux2_vae_map();
+const NameMap& mflux_qwen3_map();
 
 // The map called `name` (one of the above), or null.
 const NameMap* name_map_by_name(std::string_view name);

@@ -49,7 +49,8 @@ std::string mlx_layout_name(int64_t bits, int64_t group) {
 Status unsupported_mlx_layout(const std::string& where, const std::string& layout) {
   return unsupported(where + ": " + layout +
                      " (klein computes MLX 4-bit with groups of 64: `klein quantize --type q4` of the "
-                     "full-precision model writes that, and int8 per row: --type q8)");
+                     "full-precision model writes that; MLX 8-bit with groups of 64 where the file says so, as "
+                     "mflux packs' quantization_level 8 does; and int8 per row: --type q8)");
 }
 
 Result<std::shared_ptr<SafetensorsSource>> SafetensorsSource::open(const fs::path& path) {
@@ -58,6 +59,10 @@ Result<std::shared_ptr<SafetensorsSource>> SafetensorsSource::open(const fs::pat
 }
 
 SafetensorsSource::SafetensorsSource(WeightStore store) : store_(std::move(store)) {
+  // mflux writes its bit width into every shard's header; U32 words alone cannot tell 8-bit
+  // groups of 64 from 4-bit groups of 128 (both 512 bits per group).
+  if (auto m = store_.metadata().find("quantization_level"); m != store_.metadata().end())
+    mlx_bits_ = m->second == "8" ? 8 : m->second == "4" ? 4 : -1;
   if (auto m = store_.metadata().find("_quantization_metadata"); m != store_.metadata().end()) {
     auto layers = parse_quantization_metadata(m->second, store_.origin() + ": header _quantization_metadata");
     if (layers.ok()) layer_meta_ = std::move(*layers);
@@ -137,7 +142,7 @@ Result<Weight> SafetensorsSource::get(const std::string& name) const {
     return format_error(file_of(name) + ": tensor '" + name + "' is stored I8 but its companion '" + name +
                         "_scale' (one scale per row) is missing");
   if (w.dtype == DType::kU32 && mlx_base(name, &base))
-    return format_error(file_of(name) + ": tensor '" + name + "' is stored U32 (MLX 4-bit) but its companions '" +
+    return format_error(file_of(name) + ": tensor '" + name + "' is stored U32 (MLX-packed) but its companions '" +
                         base + "scales' and '" + base + "biases' are missing");
   KLEIN_RETURN_IF_ERROR(check_layer_quant(name, file_of(name) + ": tensor '" + name + "'", w.dtype, ""));
   return w;
@@ -239,23 +244,30 @@ Result<Weight> SafetensorsSource::resolve(const std::string& name, const Compani
     w.dtype = DType::kQ8Row;
     w.shape = e->shape;
   } else {
-    // MLX 4-bit: uint32 [rows, cols/8] (8 nibbles per word, low first) with scales and biases
-    // [rows, cols/group]; the engine computes group 64 only.
+    // MLX 4-bit: uint32 [rows, cols/8] (8 nibbles per word, low first), or 8-bit where the header
+    // says so (mflux): [rows, cols/4], 4 bytes per word, low first; with scales and biases
+    // [rows, cols/group]. The engine computes groups of 64.
     const TensorEntry* b = store_.entry(c.offset);
     if (e->shape.size() != 2)
-      return format_error(where + ": a 4-bit weight must be 2-D, got " + shape_str(e->shape));
-    const int64_t cols = e->shape[1] * 8;
+      return format_error(where + ": an MLX-packed weight must be 2-D, got " + shape_str(e->shape));
+    if (mlx_bits_ < 0)
+      return unsupported_mlx_layout(where, "header quantization_level \"" +
+                                               store_.metadata().at("quantization_level") + "\"");
+    const int64_t per_word = mlx_bits_ == 8 ? 4 : 8;
+    const int64_t cols = e->shape[1] * per_word;
     if (s->shape.size() != 2 || s->shape[0] != rows || s->shape[1] <= 0 || cols % s->shape[1] != 0)
       return format_error(where + ": scales '" + c.scale + "' have shape " + shape_str(s->shape) +
                           ", which does not divide the weight's " + std::to_string(rows) + " x " +
                           std::to_string(cols) + " into groups");
-    if (cols / s->shape[1] != 64)
-      return unsupported_mlx_layout(where, mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
+    if (cols / s->shape[1] != 64) {
+      const std::string named = mlx_bits_ > 0 ? mlx_layout_name(mlx_bits_, cols / s->shape[1]) : "";
+      return unsupported_mlx_layout(where, named.empty() ? mlx_layout_guess(e->shape[1] * 32 / s->shape[1]) : named);
+    }
     if (b->shape != s->shape || b->dtype != s->dtype)
       return format_error(where + ": biases '" + c.offset + "' (" + std::string(dtype_name(b->dtype)) + " " +
                           shape_str(b->shape) + ") do not match its scales (" + std::string(dtype_name(s->dtype)) +
                           " " + shape_str(s->shape) + ")");
-    w.dtype = DType::kQ4G64;
+    w.dtype = mlx_bits_ == 8 ? DType::kQ8G64 : DType::kQ4G64;
     w.shape = {rows, cols};
     w.offsets = b->data;
   }
@@ -419,7 +431,7 @@ Status SafetensorsSource::check_quantization(const nlohmann::json& config, const
       return format_error(config_where + ": \"quantization\" says " + std::to_string(bits) + "-bit with groups of " +
                           std::to_string(group) + ", but " + tensor + " (U32 " + shape_str(e->shape) + ", scales " +
                           shape_str(s->shape) + ") fits " + mlx_layout_guess(e->shape[1] * 32 / s->shape[1]));
-    if (bits != 4 || group != 64)
+    if ((bits != 4 || group != 64) && !(bits == 8 && group == 64 && mlx_bits_ == 8))
       return unsupported_mlx_layout(file_of(n) + ": tensor '" + n + "'",
                                     layout + " (as " + config_where + " \"quantization\" says)");
   }

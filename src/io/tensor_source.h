@@ -57,7 +57,8 @@ std::string mlx_layout_name(int64_t bits, int64_t group);
 // One or several safetensors files (see WeightStore::open for the accepted paths). Resolves:
 //   X.weight I8 [rows, ...] + X.weight_scale [rows] or [rows, 1] (f32/f16/bf16) → Q8_ROW
 //   X.weight U32 [rows, cols/8] + X.scales + X.biases [rows, cols/64] (MLX 4-bit, group 64)
-//     → Q4_G64 [rows, cols]
+//     → Q4_G64 [rows, cols]; U32 [rows, cols/4] with those companions in a file whose header says
+//     quantization_level "8" (mflux) → Q8_G64 [rows, cols]
 //   X.weight F8_E4M3 + scalar X.weight_scale (or X.scale_weight; + X.input_scale / X.scale_input)
 //     → F8_E4M3_SCALED (BFL and ComfyUI fp8); an I8 X.weight with a scalar scale (ComfyUI
 //     int8_tensorwise) → Q8_ROW with the scale repeated per row
@@ -106,6 +107,9 @@ class SafetensorsSource final : public TensorSource {
   std::unordered_map<std::string, std::string> companion_of_;  // companion name → weight name
   Status meta_status_;  // the header's _quantization_metadata, if it did not parse
   std::map<std::string, LayerQuant> layer_meta_;  // ... and its layers when it did
+  // MLX bits from the header's "quantization_level" (mflux): 0 none (U32 words are 4-bit),
+  // 4 or 8, -1 another value (refused).
+  int mlx_bits_ = 0;
 };
 
 }  // namespace klein

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gemm_avx512_common.h"
 #include "kernels/cpu/f8_unpack.h"
 #include "kernels/cpu/q4_unpack.h"
+#include "kernels/cpu/q8_unpack.h"
 
 namespace klein::kernels {
 namespace {
@@ -131,6 +132,8 @@ inline void weight_row_f32(const Weight& W, int64_t r, int64_t K, float* out) {
     q4g64_row_avx2(W, r, 0, K, out);
   } else if (W.dtype == DType::kF8E4M3Scaled) {
     f8scaled_row_avx2(W, r, 0, K, out);
+  } else if (W.dtype == DType::kQ8G64) {
+    q8g64_row_avx2(W, r, 0, K, out);
   } else {
     weight_row_to_f32(W, r, out);
   }

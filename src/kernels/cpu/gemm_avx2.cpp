@@ -16,7 +16,7 @@
 // Small M (≤ 4, e.g. GEMV when decoding): memory-bound, so no packing — each W row is converted
 //   on the fly and dotted with the M rows of x while it is in registers.
 // Quantized weights (kQ8Row, kQ4G64, f8) are first expanded row-wise to f32 once per slab
-//   (Q4_G64 with the AVX2 unpack of q4_unpack.h, F8_E4M3_SCALED with f8_unpack.h, the others
+//   (Q4_G64 with the AVX2 unpack of q4_unpack.h, Q8_G64 with q8_unpack.h, F8_E4M3_SCALED with f8_unpack.h, the others
 //   through weight_row_to_f32).
 #include <algorithm>
 #include <atomic>
@@ -27,6 +27,7 @@
 #include "kernels/cpu/avx2_kernels.h"
 #include "kernels/cpu/f8_unpack.h"
 #include "kernels/cpu/q4_unpack.h"
+#include "kernels/cpu/q8_unpack.h"
 
 namespace klein::kernels::avx2 {
 namespace {
@@ -103,6 +104,7 @@ void gemm_block(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, 
       for (int64_t j = 0; j < ncn; ++j) {
         if (W.dtype == DType::kQ4G64) q4g64_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // q4_unpack.h
         else if (W.dtype == DType::kF8E4M3Scaled) f8scaled_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // f8_unpack.h
+        else if (W.dtype == DType::kQ8G64) q8g64_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // q8_unpack.h
         else weight_row_to_f32(W, nc0 + j, conv + j * K);
       }
       src = {reinterpret_cast<const uint8_t*>(conv), DType::kF32, 4, K};
@@ -178,6 +180,7 @@ void gemv(const float* x, int64_t M, int64_t K, const Weight& W, const float* bi
           } else {
             if (W.dtype == DType::kQ4G64) q4g64_row_avx2(W, n, 0, K, conv);
             else if (W.dtype == DType::kF8E4M3Scaled) f8scaled_row_avx2(W, n, 0, K, conv);
+            else if (W.dtype == DType::kQ8G64) q8g64_row_avx2(W, n, 0, K, conv);
             else weight_row_to_f32(W, n, conv);
             w = reinterpret_cast<const uint8_t*>(conv);
             dt = DType::kF32;
