@@ -214,13 +214,17 @@ struct ComponentSummary {
   std::string scheme, family;  // naming scheme ("diffusers", "BFL", "LDM", "transformers") and what it is
   std::string description;     // one line (detection's), e.g. "FLUX.2 [klein] 4B transformer, BFL names (…)"
   std::string error;  // non-empty: missing or unreadable (the rest may be partial)
+  // The file's container where it says more than its tensors, e.g. "GGUF v3 by ComfyUI-GGUF,
+  // architecture flux" (producer from the metadata: ComfyUI-GGUF, stable-diffusion.cpp, llama.cpp).
+  std::string container;
   std::vector<std::pair<std::string, std::string>> config;  // scalar / short numeric config entries, JSON text
   bool has_weights = false;
   size_t files = 0, tensors = 0;
   double parameters = 0;
   uint64_t bytes = 0;
   struct DTypeShare {
-    std::string dtype;  // "BF16", "F32", ...
+    std::string dtype;  // "BF16", "F32", "Q4_K", ...
+    size_t tensors = 0;  // as the model binds them (a fused qkv counts as its three matrices)
     double parameters = 0;
     uint64_t bytes = 0;
   };
