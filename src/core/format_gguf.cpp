@@ -238,4 +238,24 @@ void q6_k(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out) {
   }
 }
 
+int half_fields(DType t, int offs[2]) {
+  struct Row {
+    DType t;
+    int n, a, b;
+  };
+  // ggml-common.h's block_q* structs.
+  static constexpr Row kRows[] = {
+      {DType::kQ8_0, 1, 0, 0},   {DType::kQ4_0, 1, 0, 0},   {DType::kQ4_1, 2, 0, 2}, {DType::kQ5_0, 1, 0, 0},
+      {DType::kQ5_1, 2, 0, 2},   {DType::kQ2_K, 2, 80, 82}, {DType::kQ3_K, 1, 108, 0}, {DType::kQ4_K, 2, 0, 2},
+      {DType::kQ5_K, 2, 0, 2},   {DType::kQ6_K, 1, 208, 0},
+  };
+  for (const Row& r : kRows)
+    if (r.t == t) {
+      offs[0] = r.a;
+      offs[1] = r.b;
+      return r.n;
+    }
+  return 0;
+}
+
 }  // namespace klein::ggml_rows

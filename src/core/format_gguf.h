@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace klein {
 
 struct Weight;
@@ -28,6 +30,11 @@ void q3_k(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
 void q4_k(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
 void q5_k(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
 void q6_k(const Weight& w, int64_t r, int64_t c0, int64_t n, float* out);
+
+// Byte offsets of the fp16 fields (d, and dmin / m where the format has one) inside one block of
+// a ggml block format, written to offs; returns how many (0 for other formats). Test and writer
+// code that makes valid blocks from random bytes needs them.
+int half_fields(DType t, int offs[2]);
 
 }  // namespace ggml_rows
 }  // namespace klein

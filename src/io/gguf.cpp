@@ -161,9 +161,10 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::parse(const uint8_t* data, siz
   // Each key-value pair takes at least 12 bytes and each tensor info at least 24: a count the rest
   // of the file cannot hold is corrupt (and must not size an allocation).
   const uint64_t rest = size - c.pos();
-  if (n_kv > rest / 12) return format_error(p + ": key-value count " + std::to_string(n_kv) + " exceeds what the file holds");
+  if (n_kv > rest / 12) return format_error(p + ": key-value count " + std::to_string(n_kv) + " exceeds what the file holds (truncated file?)");
   if (n_tensors > rest / 24)
-    return format_error(p + ": tensor count " + std::to_string(n_tensors) + " exceeds what the file holds");
+    return format_error(p + ": tensor count " + std::to_string(n_tensors) +
+                        " exceeds what the file holds (truncated file?)");
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
