@@ -119,7 +119,7 @@ struct LoadOptions {
   double max_memory_gib = 0;
   BackendKind backend = BackendKind::kAuto;
   // Separate component files (safetensors: BFL / ComfyUI / diffusers / transformers names, with or
-  // without ComfyUI's all-in-one prefixes), each replacing that component of the model path, or
+  // without ComfyUI's all-in-one prefixes; GGUF: ComfyUI-GGUF, sd.cpp, llama.cpp Qwen3), each replacing that component of the model path, or
   // giving it when the model path is empty or a single file that lacks it. Empty: none.
   std::string diffusion_model, text_encoder, vae;
   Variant variant = Variant::kAuto;

@@ -31,7 +31,7 @@ struct ModelArgs {
   static Status none_given(const char* command);
 };
 inline constexpr const char* kModelFileHelp =
-    "Model: a diffusers folder (model_index.json) or one safetensors file (a BFL / ComfyUI transformer, or a "
+    "Model: a diffusers folder (model_index.json) or one safetensors / GGUF file (a BFL / ComfyUI transformer, or a "
     "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts";
 // Prints the model's notes from opening ("note: ..." on stderr).
 void print_notes(const std::vector<std::string>& notes);
@@ -84,7 +84,7 @@ inline constexpr const char* kIsaHelp =
 // (<exe>/../share/klein/models/tiny), so an installed klein needs no source tree.
 std::string default_model_dir();
 inline constexpr const char* kModelHelp =
-    "Model: a diffusers folder (model_index.json) or one safetensors file (a BFL / ComfyUI transformer, or a "
+    "Model: a diffusers folder (model_index.json) or one safetensors / GGUF file (a BFL / ComfyUI transformer, or a "
     "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts. Default "
     "(no model option at all): the tiny random-weight test model (tests/data/tiny; installed: "
     "share/klein/models/tiny), whose images are noise";
