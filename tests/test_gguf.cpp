@@ -250,6 +250,26 @@ TEST(GgufNames, LlamaCppQwen3NamesMapToTransformers) {
   }
 }
 
+// The fuzz harness's seeds (gguf-py files of every type and value kind) open, and each tensor
+// dequantizes to finite values, as fuzz/gguf.cpp reads them.
+TEST(GgufFile, FuzzSeedsOpenAndDequantize) {
+  const fs::path seeds = fs::path(KLEIN_SOURCE_DIR) / "fuzz" / "corpus" / "gguf";
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(seeds)) {
+    SCOPED_TRACE(e.path().string());
+    auto src = open_gguf(e.path());
+    ASSERT_TRUE(src);
+    ++files;
+    for (const std::string& n : src->names()) {
+      auto w = src->get(n);
+      ASSERT_TRUE(w.ok());
+      ASSERT_TRUE(validate_weight(*w).ok()) << n;
+      for (float v : weight_to_vector(*w)) ASSERT_TRUE(std::isfinite(v)) << n;
+    }
+  }
+  EXPECT_GE(files, 4);
+}
+
 // --- through the layout resolver and the CLI ---------------------------------------------------
 
 std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
