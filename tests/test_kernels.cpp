@@ -30,6 +30,7 @@
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 #include "kernels/scratch.h"
+#include "testing.h"
 
 namespace klein {
 namespace {
@@ -88,7 +89,8 @@ std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, fl
 // random scales and offsets).
 OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
   const bool f8 = dt == DType::kF8E4M3 || dt == DType::kF8E4M3Scaled;
-  if (!f8 && dt != DType::kQ4G64) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
+  const bool ggml = format_traits(dt).scales == ScalePlace::kInBlock;  // random bytes, valid fp16 scales
+  if (!f8 && dt != DType::kQ4G64 && !ggml) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
   OwnedWeight o;
   o.w.name = "test.weight";
   o.w.dtype = dt;
@@ -97,6 +99,7 @@ OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rn
   for (auto& b : o.i8) b = static_cast<int8_t>(rng() & (f8 ? 0xbf : 0xff));
   o.w.data = o.i8.data();
   o.w.nbytes = o.i8.size();
+  testing::make_ggml_blocks_valid(dt, o.i8.data(), o.i8.size(), static_cast<unsigned>(rng()));
   if (dt == DType::kQ4G64) {
     o.scales = random_vec(rows * cols / 64, rng, 0.01f, 0.2f);
     o.offsets = random_vec(rows * cols / 64, rng);
@@ -226,7 +229,10 @@ TEST_P(Kernels, LinearEveryWeightFormat) {
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;
     for (int64_t M : {1, 5, 40})
-      for (int64_t K : {64, 320}) check_linear(set, f.id, M, 37, K, M != 5, M == 40 ? 3 : 0, pool, rng);
+      for (int64_t K : {64, 320, 512}) {
+        if (K % f.block_elems) continue;  // ggml's K-quants: super-blocks of 256
+        check_linear(set, f.id, M, 37, K, M != 5, M == 40 ? 3 : 0, pool, rng);
+      }
   }
 }
 

@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <new>
@@ -13,9 +14,27 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/format.h"
+#include "core/format_gguf.h"
+
 namespace klein::testing {
 
 std::filesystem::path data_dir() { return KLEIN_TEST_DATA; }
+
+void make_ggml_blocks_valid(DType t, void* data, size_t bytes, unsigned seed) {
+  int offs[2];
+  const int n = ggml_rows::half_fields(t, offs);
+  if (n == 0) return;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(0.001f, 0.02f);
+  const size_t bb = static_cast<size_t>(format_traits(t).block_bytes);
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t b = 0; b + bb <= bytes; b += bb)
+    for (int i = 0; i < n; ++i) {
+      const uint16_t h = f32_to_f16(d(rng));
+      std::memcpy(p + b + offs[i], &h, 2);
+    }
+}
 std::filesystem::path tiny_model_dir() { return data_dir() / "tiny"; }
 
 namespace {

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace klein::testing {
 
 // tests/data in the source tree.
@@ -13,6 +15,10 @@ std::filesystem::path data_dir();
 std::filesystem::path tiny_model_dir();
 // The same as a string (what Model::open and the CLI take).
 inline std::string tiny() { return tiny_model_dir().string(); }
+// Makes random bytes valid blocks of the ggml block format `t`: every block's fp16 scale fields
+// (core/format_gguf.h) become finite values in [0.001, 0.02), so dequantized weights are finite
+// and small. Other formats are left alone.
+void make_ggml_blocks_valid(DType t, void* data, size_t bytes, unsigned seed);
 // A fresh empty temporary directory, removed at process exit is not guaranteed.
 std::filesystem::path make_temp_dir(const std::string& tag);
 

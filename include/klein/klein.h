@@ -119,7 +119,7 @@ struct LoadOptions {
   double max_memory_gib = 0;
   BackendKind backend = BackendKind::kAuto;
   // Separate component files (safetensors: BFL / ComfyUI / diffusers / transformers names, with or
-  // without ComfyUI's all-in-one prefixes), each replacing that component of the model path, or
+  // without ComfyUI's all-in-one prefixes; GGUF: ComfyUI-GGUF, sd.cpp, llama.cpp Qwen3), each replacing that component of the model path, or
   // giving it when the model path is empty or a single file that lacks it. Empty: none.
   std::string diffusion_model, text_encoder, vae;
   Variant variant = Variant::kAuto;
@@ -218,13 +218,17 @@ struct ComponentSummary {
   std::string scheme, family;  // naming scheme ("diffusers", "BFL", "LDM", "transformers") and what it is
   std::string description;     // one line (detection's), e.g. "FLUX.2 [klein] 4B transformer, BFL names (…)"
   std::string error;  // non-empty: missing or unreadable (the rest may be partial)
+  // The file's container where it says more than its tensors, e.g. "GGUF v3 by ComfyUI-GGUF,
+  // architecture flux" (producer from the metadata: ComfyUI-GGUF, stable-diffusion.cpp, llama.cpp).
+  std::string container;
   std::vector<std::pair<std::string, std::string>> config;  // scalar / short numeric config entries, JSON text
   bool has_weights = false;
   size_t files = 0, tensors = 0;
   double parameters = 0;
   uint64_t bytes = 0;
   struct DTypeShare {
-    std::string dtype;  // "BF16", "F32", ...
+    std::string dtype;  // "BF16", "F32", "Q4_K", ...
+    size_t tensors = 0;  // as the model binds them (a fused qkv counts as its three matrices)
     double parameters = 0;
     uint64_t bytes = 0;
   };

@@ -123,7 +123,7 @@ typedef struct klein_generate_params {
 KLEIN_API klein_load_params klein_load_default_params(void);
 KLEIN_API klein_generate_params klein_generate_default_params(void);
 
-/* Opens a model (configs, scheduler, tokenizer parsed once): a diffusers folder or one safetensors file
+/* Opens a model (configs, scheduler, tokenizer parsed once): a diffusers folder or one safetensors / GGUF file
    (path may be NULL or "" when params names the component files). params may be NULL. */
 KLEIN_API klein_status klein_model_open(const char* path, const klein_load_params* params, klein_model** out,
                                         klein_error* err);

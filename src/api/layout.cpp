@@ -6,6 +6,7 @@
 
 #include "io/checkpoint_detect.h"
 #include "io/json_file.h"
+#include "io/gguf.h"
 #include "io/mapped_source.h"
 #include "io/name_map.h"
 #include "io/tensor_source.h"
@@ -91,23 +92,39 @@ bool config_is_for(const std::string& cls, Component c) {
   return false;
 }
 
-// The parts of one safetensors file, detected; a part klein cannot run is refused naming what it
+bool is_gguf_path(const fs::path& file) {
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".gguf";
+}
+
+// A single file's tensors under their stored names: safetensors or GGUF (by extension).
+Result<std::shared_ptr<const TensorSource>> open_single_file(const fs::path& file) {
+  if (is_gguf_path(file)) {
+    KLEIN_ASSIGN_OR_RETURN(auto g, GgufSource::open(file));
+    return std::shared_ptr<const TensorSource>(std::move(g));
+  }
+  KLEIN_ASSIGN_OR_RETURN(auto st, SafetensorsSource::open(file));
+  return std::shared_ptr<const TensorSource>(std::move(st));
+}
+
+// The parts of one safetensors (or GGUF) file, detected; a part klein cannot run is refused naming what it
 // looks like.
 Result<std::vector<ComponentSpec>> file_specs(const fs::path& file, const std::string& given_as) {
   std::error_code ec;
   if (!fs::exists(file, ec)) return not_found(given_as + " " + file.string() + ": no such file");
   if (fs::is_directory(file, ec))
     return invalid_argument(given_as + " " + file.string() +
-                            ": expected a safetensors file, got a folder (a diffusers folder goes to --model)");
+                            ": expected a safetensors or GGUF file, got a folder (a diffusers folder goes to --model)");
   // Named before it is read: a JSON or image file given by mistake is not parsed as a header.
   std::string ext = file.extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (ext != ".safetensors" && ext != ".sft")
+  if (ext != ".safetensors" && ext != ".sft" && ext != ".gguf")
     return invalid_argument(given_as + " " + file.string() + ": expected " +
                             (given_as == "--model" ? "a diffusers model folder (with model_index.json) or " : "") +
-                            "a .safetensors file");
-  KLEIN_ASSIGN_OR_RETURN(auto src, SafetensorsSource::open(file));
+                            "a .safetensors or .gguf file");
+  KLEIN_ASSIGN_OR_RETURN(auto src, open_single_file(file));
   KLEIN_ASSIGN_OR_RETURN(CheckpointInfo info, detect_checkpoint(*src));
   if (info.parts.empty()) return format_error(file.string() + ": holds no tensors (not a klein component)");
   std::vector<ComponentSpec> out;
@@ -270,12 +287,12 @@ bool name_says_base(const fs::path& p) {
 }  // namespace
 
 Result<std::shared_ptr<const TensorSource>> ComponentSpec::open() const {
-  KLEIN_ASSIGN_OR_RETURN(auto st, SafetensorsSource::open(path));
   if (from_folder) {
+    KLEIN_ASSIGN_OR_RETURN(auto st, SafetensorsSource::open(path));
     KLEIN_RETURN_IF_ERROR(st->check_quantization(config, config_where));
     return std::shared_ptr<const TensorSource>(std::move(st));
   }
-  std::shared_ptr<const TensorSource> src = std::move(st);
+  KLEIN_ASSIGN_OR_RETURN(auto src, open_single_file(path));
   if (!prefix.empty()) {
     KLEIN_ASSIGN_OR_RETURN(auto scoped, ScopedSource::create(std::move(src), prefix));
     src = std::move(scoped);

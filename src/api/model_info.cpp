@@ -7,6 +7,7 @@
 #include "api/manifest.h"
 #include "api/model_impl.h"
 #include "core/format.h"
+#include "io/gguf.h"
 #include "io/tensor_source.h"
 #include "io/safetensors.h"
 
@@ -70,10 +71,18 @@ void summarize_weights(const api::ComponentSpec& spec, ComponentSummary& c) {
     c.parameters += cnt;
     auto& slot = by_format[std::string(f.name)];
     slot.dtype = f.name;
+    ++slot.tensors;
     slot.parameters += cnt;
     slot.bytes += bytes;
   }
   c.has_weights = true;
+  if (!spec.from_folder && spec.path.extension() == ".gguf") {
+    if (auto g = GgufFile::open(spec.path); g.ok()) {
+      const std::string arch = (*g)->string_value("general.architecture");
+      c.container = "GGUF v" + std::to_string((*g)->version()) + " by " + gguf_producer(**g) + ", architecture " +
+                    (arch.empty() ? std::string("not given") : arch);
+    }
+  }
   const auto* st = dynamic_cast<const SafetensorsSource*>(src->get());
   c.files = st ? st->store().files().size() : 1;
   std::error_code ec;

@@ -28,6 +28,17 @@ enum class DType : uint8_t {
   kF8E5M2,  // float8 e5m2 as stored (read; not a weight format the engine computes with)
   kF8E4M3Scaled,  // float8 e4m3fn with one float32 scale per tensor: v = e4m3(q) · scale (BFL / ComfyUI fp8)
   kQ8G64,  // uint8 affine, groups of 64 along K, scale + offset per group (MLX / mflux 8-bit)
+  // GGUF (ggml) block formats, stored as ggml writes them: scales inside each block.
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
   kCount,  // number of formats (not a format)
 };
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/format_gguf.h"
 #include "core/weight.h"
 
 namespace klein {
@@ -99,6 +100,17 @@ constexpr FormatTraits kTable[] = {
     {DType::kF8E4M3Scaled, "F8_E4M3_SCALED", "", 8, 1, 1, S::kSeparate, false, true, true, f8scaled_row, false,
      true},
     {DType::kQ8G64, "Q8_G64", "", 8, 64, 64, S::kSeparate, true, true, true, q8g64_row},
+    // ggml's block formats (GGUF), scales and mins inside each block; core/format_gguf.h.
+    {DType::kQ8_0, "Q8_0", "", 8, 32, 34, S::kInBlock, false, true, true, ggml_rows::q8_0},
+    {DType::kQ4_0, "Q4_0", "", 4, 32, 18, S::kInBlock, false, true, true, ggml_rows::q4_0},
+    {DType::kQ4_1, "Q4_1", "", 4, 32, 20, S::kInBlock, true, true, true, ggml_rows::q4_1},
+    {DType::kQ5_0, "Q5_0", "", 5, 32, 22, S::kInBlock, false, true, true, ggml_rows::q5_0},
+    {DType::kQ5_1, "Q5_1", "", 5, 32, 24, S::kInBlock, true, true, true, ggml_rows::q5_1},
+    {DType::kQ2_K, "Q2_K", "", 2, 256, 84, S::kInBlock, true, true, true, ggml_rows::q2_k},
+    {DType::kQ3_K, "Q3_K", "", 3, 256, 110, S::kInBlock, false, true, true, ggml_rows::q3_k},
+    {DType::kQ4_K, "Q4_K", "", 4, 256, 144, S::kInBlock, true, true, true, ggml_rows::q4_k},
+    {DType::kQ5_K, "Q5_K", "", 5, 256, 176, S::kInBlock, true, true, true, ggml_rows::q5_k},
+    {DType::kQ6_K, "Q6_K", "", 6, 256, 210, S::kInBlock, false, true, true, ggml_rows::q6_k},
 };
 static_assert(std::size(kTable) == static_cast<size_t>(DType::kCount), "one row per DType");
 

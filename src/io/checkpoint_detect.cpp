@@ -204,8 +204,12 @@ Result<CheckpointPart> classify(std::string prefix, std::vector<TensorInfo> tens
     if (qwen3) KLEIN_RETURN_IF_ERROR(describe_qwen3(&p, where));
     else p.description = "a transformers language model without q/k norms (not Qwen3)";
   } else if (has("token_embd.weight") || has("blk.0.attn_q.weight")) {
-    KLEIN_RETURN_IF_ERROR(adopt(Component::kTextEncoder, NamingScheme::kLlamaCpp, Family::kUnknown, nullptr));
-    p.description = "a language model in llama.cpp names (not mapped yet)";
+    // llama.cpp's Qwen3 has attn_q_norm / attn_k_norm (its Qwen2 and Llama do not).
+    const bool qwen3 = has("blk.0.attn_q_norm.weight");
+    KLEIN_RETURN_IF_ERROR(adopt(Component::kTextEncoder, NamingScheme::kLlamaCpp,
+                                qwen3 ? Family::kQwen3 : Family::kUnknown, qwen3 ? &llama_cpp_qwen3_map() : nullptr));
+    if (qwen3) KLEIN_RETURN_IF_ERROR(describe_qwen3(&p, where));
+    else p.description = "a language model in llama.cpp names without q/k norms (not Qwen3)";
   } else {
     KLEIN_RETURN_IF_ERROR(adopt(Component::kUnknown, NamingScheme::kUnknown, Family::kUnknown, nullptr));
     p.description = std::to_string(p.tensors.size()) + " tensors in no known naming scheme" +

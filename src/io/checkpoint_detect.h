@@ -26,7 +26,7 @@ enum class NamingScheme : uint8_t {
   kBfl,             // BFL / ComfyUI transformer names (double_blocks.N…)
   kLdm,             // LDM autoencoder names (encoder.down.N.block.M…)
   kHfTransformers,  // transformers names (model.layers.N…)
-  kLlamaCpp,        // llama.cpp GGUF names (blk.N…): recognised, not mapped yet
+  kLlamaCpp,        // llama.cpp GGUF names (blk.N…): Qwen3 mapped by llama_cpp_qwen3_map
   kMflux,           // an mflux pack's component (mflux's module names, OHWI VAE convs)
   kUnknown,
 };

@@ -305,6 +305,31 @@ const NameMap& mflux_flux2_dit_map() {
   return kMap;
 }
 
+const NameMap& llama_cpp_qwen3_map() {
+  // llama.cpp's gguf-py tensor_mapping.py (MODEL_ARCH.QWEN3) names, from convert_hf_to_gguf.py's
+  // Qwen3Model: a Qwen2Model, not a LlamaModel, so q / k rows are stored as transformers has them
+  // (no rotary permutation to undo) and every rule is a rename.
+  static const NameMap kMap{
+      "llama_cpp_qwen3",
+      {
+          rename("token_embd.weight", "model.embed_tokens.weight"),
+          rename("output_norm.weight", "model.norm.weight"),
+          rename("output.weight", "lm_head.weight"),
+          rename("blk.{i}.attn_q.{*}", "model.layers.{i}.self_attn.q_proj.{*}"),
+          rename("blk.{i}.attn_k.{*}", "model.layers.{i}.self_attn.k_proj.{*}"),
+          rename("blk.{i}.attn_v.{*}", "model.layers.{i}.self_attn.v_proj.{*}"),
+          rename("blk.{i}.attn_output.{*}", "model.layers.{i}.self_attn.o_proj.{*}"),
+          rename("blk.{i}.attn_q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
+          rename("blk.{i}.attn_k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
+          rename("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+          rename("blk.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+          rename("blk.{i}.ffn_gate.{*}", "model.layers.{i}.mlp.gate_proj.{*}"),
+          rename("blk.{i}.ffn_up.{*}", "model.layers.{i}.mlp.up_proj.{*}"),
+          rename("blk.{i}.ffn_down.{*}", "model.layers.{i}.mlp.down_proj.{*}"),
+      }};
+  return kMap;
+}
+
 const NameMap& mflux_flux2_vae_map() {
   // Flux2WeightMapping.get_vae_mapping: every Conv2d weight goes through
   // transpose_conv2d_weight (OIHW → OHWI), so each is listed; the attention's to_out.0 is to_out.
@@ -341,7 +366,8 @@ const NameMap& mflux_qwen3_map() {
 
 const NameMap* name_map_by_name(std::string_view name) {
   for (const NameMap* m : {&bfl_flux2_dit_map(), &ldm_flux2_vae_map(), &hf_qwen3_single_file_map(),
-                           &mflux_flux2_dit_map(), &mflux_flux2_vae_map(), &mflux_qwen3_map()})
+                           &mflux_flux2_dit_map(), &mflux_flux2_vae_map(), &mflux_qwen3_map(),
+                           &llama_cpp_qwen3_map()})
     if (m->name == name) return m;
   return nullptr;
 }

@@ -91,6 +91,9 @@ const NameMap& ldm_flux2_vae_map();
 // A transformers Qwen3 saved as one file (ComfyUI qwen_3_4b.safetensors): the names already are
 // the transformers names; a ComfyUI all-in-one prefix is removed by ScopedSource, not here.
 const NameMap& hf_qwen3_single_file_map();
+// llama.cpp's GGUF names of a Qwen3 (token_embd, blk.N.attn_q, ..., output_norm) → transformers'
+// Qwen3ForCausalLM names. Renames only: llama.cpp does not permute Qwen3's q / k rows.
+const NameMap& llama_cpp_qwen3_map();
 // Quantization companions of a layer's `X.weight`, by the suffix after "X." that producers give
 // them: BFL's fp8 files `weight_scale` / `input_scale`, ComfyUI's legacy scaled fp8
 // `scale_weight` / `scale_input`, ComfyUI's per-layer JSON `comfy_quant`. Sources pair them with

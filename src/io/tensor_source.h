@@ -3,8 +3,8 @@
 // weights stored as several tensors (an int8 matrix and its scales, MLX's packed words, scales
 // and biases) are resolved by the source into one Weight, so the models never see companions.
 //
-// SafetensorsSource is the only one today; a single-file checkpoint with a key-rename table or a
-// GGUF file implements the same interface. The source keeps its storage (mappings) alive for as
+// SafetensorsSource and GgufSource (io/gguf.h) read files; ScopedSource / MappedSource adapt names
+// (io/mapped_source.h). The source keeps its storage (mappings) alive for as
 // long as it lives; models hold it through a shared_ptr.
 #pragma once
 

@@ -85,6 +85,7 @@ Command make_info_command() {
         std::printf("  names      %s%s%s\n", ci.scheme.c_str(), ci.family.empty() ? "" : "; family ",
                     ci.family.c_str());
       if (!ci.description.empty()) std::printf("  detected   %s\n", ci.description.c_str());
+      if (!ci.container.empty()) std::printf("  container  %s\n", ci.container.c_str());
       std::string line;
       for (const auto& [key, value] : ci.config) {
         std::string item = key + "=" + value;
@@ -105,8 +106,8 @@ Command make_info_command() {
       std::printf("  weights    %zu file(s), %zu tensors, %s parameters, %s\n", ci.files, ci.tensors,
                   human_count(ci.parameters).c_str(), human_bytes(static_cast<double>(ci.bytes)).c_str());
       for (const auto& d : ci.by_dtype)
-        std::printf("    %-8s %s parameters, %s\n", d.dtype.c_str(), human_count(d.parameters).c_str(),
-                    human_bytes(static_cast<double>(d.bytes)).c_str());
+        std::printf("    %-8s %s parameters in %zu tensors, %s\n", d.dtype.c_str(), human_count(d.parameters).c_str(),
+                    d.tensors, human_bytes(static_cast<double>(d.bytes)).c_str());
     }
     return m->errors ? 1 : 0;
   };

@@ -33,7 +33,7 @@ struct ModelArgs {
 };
 inline constexpr const char* kModelFileHelp =
     "Model: a diffusers folder (model_index.json), an mflux pack folder (transformer/0.safetensors ...) or one "
-    "safetensors file (a BFL / ComfyUI transformer, or a "
+    "safetensors / GGUF file (a BFL / ComfyUI transformer, or a "
     "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts";
 // Prints the model's notes from opening ("note: ..." on stderr).
 void print_notes(const std::vector<std::string>& notes);
@@ -87,7 +87,7 @@ inline constexpr const char* kIsaHelp =
 std::string default_model_dir();
 inline constexpr const char* kModelHelp =
     "Model: a diffusers folder (model_index.json), an mflux pack folder (transformer/0.safetensors ...) or one "
-    "safetensors file (a BFL / ComfyUI transformer, or a "
+    "safetensors / GGUF file (a BFL / ComfyUI transformer, or a "
     "ComfyUI all-in-one checkpoint); --diffusion-model, --text-encoder and --vae add or replace parts. Default "
     "(no model option at all): the tiny random-weight test model (tests/data/tiny; installed: "
     "share/klein/models/tiny), whose images are noise";

@@ -149,13 +149,14 @@ void ModelArgs::add(CLI::App* s, const char* model_help) {
   s->add_option("--model,-m", model, model_help);
   // stable-diffusion.cpp's option names, so that its users' command lines carry over.
   s->add_option("--diffusion-model", diffusion_model,
-                "Transformer (DiT) safetensors file: BFL / ComfyUI names (with or without 'model.diffusion_model.') or "
-                "diffusers names; replaces --model's or supplies it");
+                "Transformer (DiT) .safetensors or .gguf file: BFL / ComfyUI names (with or without "
+                "'model.diffusion_model.'; ComfyUI-GGUF and stable-diffusion.cpp GGUFs) or diffusers names; replaces "
+                "--model's or supplies it");
   s->add_option("--text-encoder", text_encoder,
-                "Qwen3 text encoder safetensors file (transformers names, e.g. ComfyUI's qwen_3_4b.safetensors); "
-                "replaces --model's or supplies it");
+                "Qwen3 text encoder .safetensors file (transformers names, e.g. ComfyUI's qwen_3_4b.safetensors) or "
+                "llama.cpp .gguf (Qwen3-4B-*.gguf); replaces --model's or supplies it");
   s->add_option("--vae", vae,
-                "VAE safetensors file (BFL ae.safetensors / ComfyUI flux2-vae LDM names, or diffusers names); replaces "
+                "VAE .safetensors or .gguf file (BFL ae.safetensors / ComfyUI flux2-vae LDM names, or diffusers names); replaces "
                 "--model's or supplies it");
   s->add_option("--variant", variant,
                 "distilled or base: what single files hold (they do not say; a diffusers folder's model_index.json "
@@ -179,7 +180,7 @@ std::string ModelArgs::path(bool default_tiny) const { return default_tiny && !a
 
 Status ModelArgs::none_given(const char* command) {
   return invalid_argument(std::string(command) +
-                          ": give --model (a diffusers folder or a safetensors file) or --diffusion-model / "
+                          ": give --model (a diffusers folder or a safetensors / GGUF file) or --diffusion-model / "
                           "--text-encoder / --vae files");
 }
 
