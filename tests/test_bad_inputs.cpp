@@ -212,7 +212,7 @@ std::vector<Case> cases() {
     return x.gen("--diffusion-model " + q(p));
   });
   add("VaeNotSafetensors", 2, "--vae", [=](const Ctx& x) { return x.gen("--vae " + x.img("jpg_444.jpg")); },
-      "expected a .safetensors file");
+      "expected a .safetensors or .gguf file");
   add("TransformerGivenAsVae", 2, "--vae", [=](const Ctx& x) {
     return x.gen("--vae " + q(data_dir() / "single_file" / kBfl));
   }, "expected a VAE, but the file holds FLUX.2-architecture transformer");

@@ -37,7 +37,7 @@ struct OwnedWeight {
 // payload bytes derived from the values instead (their exact decoded values do not matter: the
 // reference reads the same bytes): F8_E4M3 (and its scaled form) with the top exponent bit clear
 // (|v| < 2, never NaN),
-// Q8_ROW / Q4_G64 with small random-ish scales (and offsets).
+// Q8_ROW / Q4_G64 / Q8_G64 with small random-ish scales (and offsets).
 OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& vals) {
   OwnedWeight o;
   o.w.name = "test.conv.weight";
@@ -45,7 +45,7 @@ OwnedWeight make_weight(DType dt, const Shape& shape, const std::vector<float>& 
   o.w.shape = shape;
   const bool f8 = dt == DType::kF8E4M3 || dt == DType::kF8E4M3Scaled;
   const bool ggml = format_traits(dt).scales == ScalePlace::kInBlock;
-  if (f8 || dt == DType::kQ8Row || dt == DType::kQ4G64 || ggml) {
+  if (f8 || dt == DType::kQ8Row || dt == DType::kQ4G64 || dt == DType::kQ8G64 || ggml) {
     const int64_t rows = o.w.rows(), cols = o.w.cols();
     o.u8.resize(rows * format_row_bytes(dt, cols));
     for (size_t i = 0; i < o.u8.size(); ++i) {

@@ -85,12 +85,13 @@ std::vector<float> random_vec(int64_t n, std::mt19937& rng, float lo = -1.0f, fl
 
 // [rows, cols] weight of any format the kernels compute with, random O(1) values: through
 // make_weight where it can quantize, else random payload bytes (F8_E4M3 with the top exponent
-// bit clear: |v| < 2, never NaN, and F8_E4M3_SCALED so with one random scale; Q4_G64 nibbles with
-// random scales and offsets).
+// bit clear: |v| < 2, never NaN, and F8_E4M3_SCALED so with one random scale; Q4_G64 nibbles and
+// Q8_G64 bytes with random scales and offsets; ggml blocks with finite fp16 scales).
 OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
   const bool f8 = dt == DType::kF8E4M3 || dt == DType::kF8E4M3Scaled;
   const bool ggml = format_traits(dt).scales == ScalePlace::kInBlock;  // random bytes, valid fp16 scales
-  if (!f8 && dt != DType::kQ4G64 && !ggml) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
+  const bool mlx = dt == DType::kQ4G64 || dt == DType::kQ8G64;  // codes + a scale and offset per 64
+  if (!f8 && !mlx && !ggml) return make_weight(dt, rows, cols, random_vec(rows * cols, rng));
   OwnedWeight o;
   o.w.name = "test.weight";
   o.w.dtype = dt;
@@ -100,7 +101,7 @@ OwnedWeight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rn
   o.w.data = o.i8.data();
   o.w.nbytes = o.i8.size();
   testing::make_ggml_blocks_valid(dt, o.i8.data(), o.i8.size(), static_cast<unsigned>(rng()));
-  if (dt == DType::kQ4G64) {
+  if (mlx) {
     o.scales = random_vec(rows * cols / 64, rng, 0.01f, 0.2f);
     o.offsets = random_vec(rows * cols / 64, rng);
     o.w.scales = o.scales.data();

@@ -91,7 +91,7 @@ size_t scalar_size(GgufType t) {
 // One scalar of type t into v (integers in i and u, floats in f).
 Status read_scalar(GgufCursor& c, GgufType t, GgufValue* v, const std::string& what) {
   auto get = [&](auto tag) -> Status {
-    decltype(tag) x;
+    decltype(tag) x{};
     KLEIN_RETURN_IF_ERROR(c.read(&x, what));
     if constexpr (std::is_floating_point_v<decltype(tag)>) {
       v->f = x;
