@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Loading the full-size random 4B transformer from each form users hold, beside the diffusers
 # folder it came from: the BFL single file, the same under ComfyUI's prefix, BFL's fp8 file
-# (bench/make_load_forms.py writes them) and klein's q8 folder. Per form, `klein generate` with
-# fixed prompt embeddings (no text encoder), 256², one step, --precision fast, run twice (the
-# first fills the page cache; the second is reported): the "load transformer" phase and peak RSS.
+# (bench/make_load_forms.py writes them) and klein's q8 folder. Per form: opening with every
+# component resident (klein-bench_load: layout, detection, configs, the three models bound; the
+# median of 3 warm runs), and `klein generate` with fixed prompt embeddings (no text encoder),
+# 256², one step, --precision fast, run twice (the first fills the page cache; the second is
+# reported): its total time and peak RSS.
 #
 #   bench/load_forms.sh [MODEL_DIR] [FORMS_DIR] [BUILD_DIR]      (KLEIN_ORACLE_PYTHON: torch's python)
 set -euo pipefail
@@ -24,23 +26,21 @@ fi
 [ "${KLEIN_BENCH_PREPARE_ONLY:-0}" = 1 ] && { echo "prepared $model, $forms, $model-q8"; exit 0; }
 run() {  # label, model args
   local label=$1; shift
-  local log rss load open total
+  local log rss open total
   for pass in 1 2; do
     log=$(mktemp)
     /usr/bin/time -f 'MAXRSS_KB %M' "$build/klein" generate "$@" --prompt-embeds "$forms/embeds.npy" -W 256 -H 256 \
         --steps 1 --seed 0 --precision fast -t "$threads" -o "$forms/out.png" 2> "$log"
   done
-  load=$(awk '$1=="load" && $2=="transformer"{print $3}' "$log" | tail -1)
-  # Opening (layout, detection, configs: before the first phase) = total minus the phases.
-  open=$(awk '/^  / && $NF=="s" && $1!="total"{sum+=$(NF-1)} $1=="total"{t=$2} END{printf "%.2f", t-sum}' "$log")
+  open=$("$build/klein-bench_load" "$@" --repeat 4 | awk '$1=="median"{print $2}')
   total=$(awk '$1=="total"{print $2}' "$log")
   rss=$(awk '$1=="MAXRSS_KB"{printf "%.2f", $2/1048576}' "$log")
-  printf '| %s | %s | %s | %s | %s |\n' "$label" "$open" "$load" "$total" "$rss"
+  printf '| %s | %s | %s | %s |\n' "$label" "$open" "$total" "$rss"
   rm -f "$log"
 }
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), threads $threads"
-echo "| form | open (s) | load transformer (s) | total (s) | peak RSS (GiB) |"
-echo "|---|---|---|---|---|"
+echo "| form | open, all resident (s) | generate 256², 1 step (s) | peak RSS (GiB) |"
+echo "|---|---|---|---|"
 run "diffusers folder, bf16 (sharded)" --model "$model"
 run "BFL single file, bf16" --model "$model" --diffusion-model "$forms/flux-2-klein-4b.safetensors"
 run "ComfyUI single file (model.diffusion_model.), bf16" --model "$model" --diffusion-model "$forms/flux-2-klein-4b-comfy.safetensors"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <tuple>
 
 #include "core/checked.h"
 #include "io/json_file.h"
@@ -80,22 +82,11 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
     return format_error(config_where + ": num_hidden_layers is " + std::to_string(c.num_layers) + " but " +
                         m.source_->origin() + " holds " + std::to_string(file_layers) + " layers");
   Binder b(*m.source_);
-  const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
-  KLEIN_RETURN_IF_ERROR(b.required("model.embed_tokens.weight", {c.vocab_size, H}, &m.embed_));
-  for (int i = 0; i < num_layers_needed; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    Layer L;
-    KLEIN_RETURN_IF_ERROR(b.required(p + "input_layernorm.weight", {H}, &L.input_norm));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_proj.weight", {Dq, H}, &L.q));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_proj.weight", {Dkv, H}, &L.k));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.v_proj.weight", {Dkv, H}, &L.v));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_norm.weight", {c.head_dim}, &L.q_norm));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_norm.weight", {c.head_dim}, &L.k_norm));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.o_proj.weight", {H, Dq}, &L.o));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "post_attention_layernorm.weight", {H}, &L.post_norm));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.gate_proj.weight", {c.intermediate_size, H}, &L.gate));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.up_proj.weight", {c.intermediate_size, H}, &L.up));
-    KLEIN_RETURN_IF_ERROR(b.required(p + "mlp.down_proj.weight", {H, c.intermediate_size}, &L.down));
+  const int64_t H = c.hidden_size;
+  m.layers_.resize(static_cast<size_t>(num_layers_needed));
+  for (const TensorRow& r : m.tensor_table(num_layers_needed))
+    KLEIN_RETURN_IF_ERROR(b.required(r.name, r.shape, r.weight));
+  for (Layer& L : m.layers_) {
     // Files written in name order (transformers', `klein quantize`'s) hold up_proj right after
     // gate_proj: then one GEMM reads both, its activations quantized once and the SwiGLU fused.
     if (auto gu = L.gate.stacked_with(L.up)) {
@@ -103,19 +94,11 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
       L.gate = Weight();
       L.up = Weight();
     }
-    if (c.attention_bias) {
-      // transformers' Qwen3Attention gives q/k/v and o_proj a bias when attention_bias is set.
-      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.q_proj.bias", {Dq}, &L.q_bias));
-      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.k_proj.bias", {Dkv}, &L.k_bias));
-      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.v_proj.bias", {Dkv}, &L.v_bias));
-      KLEIN_RETURN_IF_ERROR(b.required(p + "self_attn.o_proj.bias", {H}, &L.o_bias));
-    }
     // Norm weights as float32 once here rather than on every encode() call.
     L.input_norm_f32 = weight_to_vector(L.input_norm);
     L.q_norm_f32 = weight_to_vector(L.q_norm);
     L.k_norm_f32 = weight_to_vector(L.k_norm);
     L.post_norm_f32 = weight_to_vector(L.post_norm);
-    m.layers_.push_back(std::move(L));
   }
   // transformers returns the final-normed state as hidden_states[num_layers]: when the deepest
   // tap is the last layer (a 27-layer model), that tap gets model.norm applied.
@@ -138,12 +121,44 @@ Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_need
   return load(std::move(f.source), f.config, f.config_where, num_layers_needed);
 }
 
+std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int layers) const {
+  const Qwen3Config& c = cfg_;
+  const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
+  const int64_t I = c.intermediate_size;
+  // The rows hand out writable pointers (load binds through them); the table itself changes nothing.
+  auto* self = const_cast<Qwen3Encoder*>(this);
+  std::vector<TensorRow> t;
+  t.push_back({"model.embed_tokens.weight", {c.vocab_size, H}, -1, &self->embed_});
+  for (int i = 0; i < layers && i < static_cast<int>(self->layers_.size()); ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& L = self->layers_[i];
+    for (auto [name, shape, w] : std::initializer_list<std::tuple<const char*, Shape, Weight*>>{
+             {"input_layernorm.weight", {H}, &L.input_norm},
+             {"self_attn.q_proj.weight", {Dq, H}, &L.q},
+             {"self_attn.k_proj.weight", {Dkv, H}, &L.k},
+             {"self_attn.v_proj.weight", {Dkv, H}, &L.v},
+             {"self_attn.q_norm.weight", {c.head_dim}, &L.q_norm},
+             {"self_attn.k_norm.weight", {c.head_dim}, &L.k_norm},
+             {"self_attn.o_proj.weight", {H, Dq}, &L.o},
+             {"post_attention_layernorm.weight", {H}, &L.post_norm},
+             {"mlp.gate_proj.weight", {I, H}, &L.gate},
+             {"mlp.up_proj.weight", {I, H}, &L.up},
+             {"mlp.down_proj.weight", {H, I}, &L.down}})
+      t.push_back({p + name, shape, i, w});
+    if (c.attention_bias)  // transformers' Qwen3Attention gives q/k/v and o_proj a bias when set
+      for (auto [name, n, w] : std::initializer_list<std::tuple<const char*, int64_t, Weight*>>{
+               {"self_attn.q_proj.bias", Dq, &L.q_bias},
+               {"self_attn.k_proj.bias", Dkv, &L.k_bias},
+               {"self_attn.v_proj.bias", Dkv, &L.v_bias},
+               {"self_attn.o_proj.bias", H, &L.o_bias}})
+        t.push_back({p + name, {n}, i, w});
+  }
+  return t;
+}
+
 Status Qwen3Encoder::for_each_weight(const std::function<Status(Weight&)>& fn) {
-  KLEIN_RETURN_IF_ERROR(fn(embed_));
-  for (Layer& L : layers_)
-    for (Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
-                      &L.gate_up, &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
-      KLEIN_RETURN_IF_ERROR(fn(*w));
+  for (const TensorRow& r : tensor_table(loaded_layers())) KLEIN_RETURN_IF_ERROR(fn(*r.weight));
+  for (Layer& L : layers_) KLEIN_RETURN_IF_ERROR(fn(L.gate_up));
   return Status::Ok();
 }
 
@@ -151,10 +166,9 @@ int Qwen3Encoder::num_blocks() const { return loaded_layers(); }
 
 void Qwen3Encoder::for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const {
   if (i < 0 || i >= num_blocks()) return;
-  const Layer& L = layers_[i];
-  for (const Weight* w : {&L.input_norm, &L.q, &L.k, &L.v, &L.q_norm, &L.k_norm, &L.o, &L.post_norm, &L.gate, &L.up,
-                          &L.gate_up, &L.down, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
-    fn(*w);
+  for (const TensorRow& r : tensor_table(i + 1))
+    if (r.block == i) fn(*r.weight);
+  fn(layers_[i].gate_up);
 }
 
 }  // namespace klein

@@ -46,6 +46,19 @@ class Qwen3Encoder {
   static Result<Qwen3Encoder> load(const std::filesystem::path& dir, int num_layers_needed);
 
   const Qwen3Config& config() const { return cfg_; }
+  // The tensor table: one row per file tensor the encoder binds (the embedding, then each loaded
+  // layer's), in load order — its transformers name, the shape the config gives it, its block
+  // (the layer; -1 for the embedding) and where the model keeps it. Loading, for_each_weight and
+  // the per-block walk of streaming read it; the only weight outside it is a layer's gate_up,
+  // which load makes of two of its rows (gate and up, then left empty).
+  struct TensorRow {
+    std::string name;
+    Shape shape;
+    int block = -1;
+    Weight* weight = nullptr;
+  };
+  // For `layers` layers (load sizes layers_ first), pointing into this model.
+  std::vector<TensorRow> tensor_table(int layers) const;
   // Calls fn on every weight the model holds (empty optional ones included), stopping at the
   // first error: weight preparation for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
