@@ -161,12 +161,16 @@ Result<Weight> MappedSource::get(const std::string& name) const {
     case NameOp::kSwapHalves: {
       auto s = swapped_halves(w);
       if (!s.ok()) return Status(s.status().code(), where + ": " + s.status().message());
+      // The copy is what the model reads from now on: the stored bytes it was made from need not
+      // stay resident beside it (a BFL final modulation is 38 MB at 4B).
+      src_->advise(w.data, w.nbytes, Residency::kDontNeed);
       w = std::move(*s);
       break;
     }
     case NameOp::kOhwiToOihw: {
       auto p = ohwi_to_oihw_copy(w, *shape);
       if (!p.ok()) return Status(p.status().code(), where + ": " + p.status().message());
+      src_->advise(w.data, w.nbytes, Residency::kDontNeed);  // as above: only the copy is read
       w = std::move(*p);
       break;
     }
