@@ -15,9 +15,10 @@
 //   no redundant conversion); when N is too narrow they split M instead.
 // Small M (≤ 4, e.g. GEMV when decoding): memory-bound, so no packing — each W row is converted
 //   on the fly and dotted with the M rows of x while it is in registers.
-// Quantized weights (kQ8Row, kQ4G64, f8) are first expanded row-wise to f32 once per slab
-//   (Q4_G64 with the AVX2 unpack of q4_unpack.h, Q8_G64 with q8_unpack.h, F8_E4M3_SCALED with f8_unpack.h, the others
-//   through weight_row_to_f32).
+// Quantized weights (kQ8Row, kQ4G64, f8, ggml blocks) are expanded to f32 once per slab, one K
+//   slice at a time just before it is packed (Q4_G64 with the AVX2 unpack of q4_unpack.h, Q8_G64
+//   with q8_unpack.h, F8_E4M3_SCALED with f8_unpack.h, the others through the format table's
+//   row_to_f32).
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -94,26 +95,33 @@ void gemm_block(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, 
   float* bp = pack_buf.get(kc_max * kNC);  // [kNC/16][kc][16]
   for (int64_t nc0 = n0; nc0 < n1; nc0 += kNC) {
     const int64_t ncn = std::min(kNC, n1 - nc0);
-    Mat src;  // rows of this slab: W[nc0 : nc0 + ncn, :]
-    if (is_plain(W.dtype)) {
-      const size_t esz = dtype_size(W.dtype);
-      src = {static_cast<const uint8_t*>(W.data) + nc0 * K * esz, W.dtype, esz, K};
-    } else {
-      // Expand this slab's rows once to f32 [ncn, K].
-      float* conv = conv_buf.get(ncn * K);
-      for (int64_t j = 0; j < ncn; ++j) {
-        if (W.dtype == DType::kQ4G64) q4g64_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // q4_unpack.h
-        else if (W.dtype == DType::kF8E4M3Scaled) f8scaled_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // f8_unpack.h
-        else if (W.dtype == DType::kQ8G64) q8g64_row_avx2(W, nc0 + j, 0, K, conv + j * K);  // q8_unpack.h
-        else weight_row_to_f32(W, nc0 + j, conv + j * K);
-      }
-      src = {reinterpret_cast<const uint8_t*>(conv), DType::kF32, 4, K};
-    }
+    // Rows of this slab, W[nc0 : nc0 + ncn, :]. Quantized rows are expanded to f32 one K slice at a
+    // time, just before that slice is packed: each element once per slab as before, in a [ncn, kKC]
+    // buffer (256 KB) rather than whole rows (256 × K floats: 12.6 MB at K = 12288).
+    const bool plain = is_plain(W.dtype);
+    const size_t esz = plain ? dtype_size(W.dtype) : 4;
     const int64_t np = (ncn + kNR - 1) / kNR;
     for (int64_t kc0 = 0; kc0 < K; kc0 += kKC) {
       const int64_t kcn = std::min(kKC, K - kc0);
+      Mat src;
+      int64_t col0 = kc0;
+      if (plain) {
+        src = {static_cast<const uint8_t*>(W.data) + nc0 * K * esz, W.dtype, esz, K};
+      } else {
+        float* conv = conv_buf.get(ncn * kc_max);
+        const auto row_to_f32 = format_traits(W.dtype).row_to_f32;
+        for (int64_t j = 0; j < ncn; ++j) {
+          float* o = conv + j * kcn;
+          if (W.dtype == DType::kQ4G64) q4g64_row_avx2(W, nc0 + j, kc0, kcn, o);  // q4_unpack.h
+          else if (W.dtype == DType::kF8E4M3Scaled) f8scaled_row_avx2(W, nc0 + j, kc0, kcn, o);  // f8_unpack.h
+          else if (W.dtype == DType::kQ8G64) q8g64_row_avx2(W, nc0 + j, kc0, kcn, o);  // q8_unpack.h
+          else row_to_f32(W, nc0 + j, kc0, kcn, o);
+        }
+        src = {reinterpret_cast<const uint8_t*>(conv), DType::kF32, 4, kcn};
+        col0 = 0;
+      }
       for (int64_t p = 0; p < np; ++p)
-        pack_panel(src, p * kNR, kc0, static_cast<int>(std::min<int64_t>(kNR, ncn - p * kNR)),
+        pack_panel(src, p * kNR, col0, static_cast<int>(std::min<int64_t>(kNR, ncn - p * kNR)),
                    kcn, bp + p * kcn * kNR);
       const bool acc = kc0 > 0;  // later K slices add onto the partial sums already in y
       // Per block of kMC rows, each 16 KB panel stays in L1 while the block's slivers pass over it.
