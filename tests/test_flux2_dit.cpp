@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "models/flux2_dit.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -33,14 +34,6 @@ std::vector<std::string> dit_cases() {
   for (const auto& c : (*j)["cases"])
     if (c.value("kind", "") == "transformer") r.push_back(c.value("dir", c.value("name", "")));
   return r;
-}
-
-Flux2Ids ids_from_npy(const NpyArray& a) {
-  const auto v = a.to_i64();
-  Flux2Ids ids(v.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (int k = 0; k < 4; ++k) ids[i][k] = v[4 * i + k];
-  return ids;
 }
 
 // max|a-b| / max|b| over flat values.
@@ -146,7 +139,7 @@ TEST(Flux2Dit, MatchesDiffusersReference) {
     const int64_t N = hs.shape[1], T = ehs.shape[1];
 
     // The id helpers reproduce the pipeline's ids.
-    const Flux2Ids img_ids = ids_from_npy(iid), txt_ids = ids_from_npy(tid);
+    const Flux2Ids img_ids = klein::testing::flux2_ids_of(iid), txt_ids = klein::testing::flux2_ids_of(tid);
     ASSERT_EQ(static_cast<int64_t>(img_ids.size()), N);
     int64_t gh = 0, gw = 0;
     for (const auto& a : img_ids) gh = std::max(gh, a[1] + 1), gw = std::max(gw, a[2] + 1);
@@ -240,7 +233,7 @@ TEST(Flux2Dit, MatchesPipelineVelocities) {
     ASSERT_EQ(txt.ndim(), 3);
     const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(txt.dim(1)));
     const Flux2Ids img_ids = flux2_image_ids(h, w, 0);
-    EXPECT_EQ(ids_from_npy(must_read(dir / "img_ids.npy")), img_ids);
+    EXPECT_EQ(klein::testing::flux2_ids_of(must_read(dir / "img_ids.npy")), img_ids);
     auto pack = [&](const NpyArray& a) {  // [1, C, h, w] -> [N, C]
       const auto v = a.to_f32();
       const int64_t C = a.numel() / N;

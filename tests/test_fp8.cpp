@@ -28,6 +28,7 @@
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 #include "models/flux2_dit.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -414,20 +415,6 @@ TEST(Fp8Meta, ParsesComfyQuantAndTheHeaderTable) {
 
 // --- the tiny transformer from the independent writer's files ----------------------------------
 
-NpyArray must_read(const fs::path& p) {
-  auto r = read_npy(p);
-  EXPECT_TRUE(r.ok()) << p << ": " << r.status().to_string();
-  return r.ok() ? std::move(*r) : NpyArray{};
-}
-
-Flux2Ids ids_of(const NpyArray& a) {
-  const auto v = a.to_i64();
-  Flux2Ids ids(v.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (int k = 0; k < 4; ++k) ids[i][k] = v[4 * i + k];
-  return ids;
-}
-
 struct Compare {
   double rel = 0, cosine = 0, psnr = 0;
 };
@@ -447,7 +434,7 @@ Compare compare(const float* a, const std::vector<float>& b) {
 
 TEST(Fp8Format, EveryE4M3CodeMatchesTorch) {
   // torch's float8_e4m3fn decoding of every byte (make_fp8_files.py), against klein's decoder.
-  const std::vector<float> torch_values = must_read(fp8_dir() / "e4m3_codes.npy").to_f32();
+  const std::vector<float> torch_values = testing::must_read_npy(fp8_dir() / "e4m3_codes.npy").to_f32();
   ASSERT_EQ(torch_values.size(), 256u);
   for (int c = 0; c < 256; ++c)
     EXPECT_TRUE(same_value(f8e4m3_to_f32(static_cast<uint8_t>(c)), torch_values[c])) << "code " << c;
@@ -457,10 +444,10 @@ TEST(Fp8Model, TransformerMatchesDiffusersWithDequantizedWeights) {
   auto cfg = read_json_file(klein::testing::tiny_model_dir() / "transformer/config.json");
   ASSERT_TRUE(cfg.ok());
   const fs::path d = fp8_dir();
-  Tensor img = must_read(d / "hidden_states.npy").to_tensor(), txt = must_read(d / "encoder_hidden_states.npy").to_tensor();
-  const float t = must_read(d / "timestep.npy").to_f32()[0];
-  const Flux2Ids iid = ids_of(must_read(d / "img_ids.npy")), tid = ids_of(must_read(d / "txt_ids.npy"));
-  const std::vector<float> full = must_read(d / "out_full.npy").to_f32();
+  Tensor img = testing::must_read_npy(d / "hidden_states.npy").to_tensor(), txt = testing::must_read_npy(d / "encoder_hidden_states.npy").to_tensor();
+  const float t = testing::must_read_npy(d / "timestep.npy").to_f32()[0];
+  const Flux2Ids iid = testing::flux2_ids_of(testing::must_read_npy(d / "img_ids.npy")), tid = testing::flux2_ids_of(testing::must_read_npy(d / "txt_ids.npy"));
+  const std::vector<float> full = testing::must_read_npy(d / "out_full.npy").to_f32();
   CpuBackend backend(CpuBackendOptions{2});
   RunContext ctx;
   ctx.backend = &backend;
@@ -489,7 +476,7 @@ TEST(Fp8Model, TransformerMatchesDiffusersWithDequantizedWeights) {
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     auto out = model->forward(img, txt, t, iid, tid, ctx);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
-    const std::vector<float> ref = must_read(d / ("out_" + stem + ".npy")).to_f32();
+    const std::vector<float> ref = testing::must_read_npy(d / ("out_" + stem + ".npy")).to_f32();
     ASSERT_EQ(out->numel(), static_cast<int64_t>(ref.size()));
     const Compare vs_ref = compare(out->data(), ref), vs_full = compare(out->data(), full);
     std::printf("[fp8 %s] vs dequantized diffusers: rel %.3g; vs full precision: cosine %.6f, PSNR %.1f dB\n",

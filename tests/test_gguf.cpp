@@ -29,6 +29,7 @@
 #include "kernels/registry.h"
 #include "klein/klein.h"
 #include "models/flux2_dit.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -147,14 +148,6 @@ TEST_P(GgufKernels, LinearEqualsTheDequantizedProduct) {
   }
 }
 
-Flux2Ids ids_from(const NpyArray& a) {
-  const auto v = a.to_i64();
-  Flux2Ids ids(v.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (int k = 0; k < 4; ++k) ids[i][k] = v[4 * i + k];
-  return ids;
-}
-
 TEST(GgufModel, TransformerMatchesDiffusersWithGgufPyDequantizedWeights) {
   auto cfg = read_json_file(klein::testing::tiny_model_dir() / "transformer/config.json");
   ASSERT_TRUE(cfg.ok());
@@ -162,7 +155,7 @@ TEST(GgufModel, TransformerMatchesDiffusersWithGgufPyDequantizedWeights) {
   Tensor img = read_npy_or_fail(in / "hidden_states.npy").to_tensor();
   Tensor txt = read_npy_or_fail(in / "encoder_hidden_states.npy").to_tensor();
   const float t = read_npy_or_fail(in / "timestep.npy").to_f32()[0];
-  const Flux2Ids iid = ids_from(read_npy_or_fail(in / "img_ids.npy")), tid = ids_from(read_npy_or_fail(in / "txt_ids.npy"));
+  const Flux2Ids iid = testing::flux2_ids_of(read_npy_or_fail(in / "img_ids.npy")), tid = testing::flux2_ids_of(read_npy_or_fail(in / "txt_ids.npy"));
   CpuBackend backend(CpuBackendOptions{2});
   RunContext ctx;
   ctx.backend = &backend;

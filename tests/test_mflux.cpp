@@ -33,6 +33,7 @@
 #include "models/flux2_dit.h"
 #include "models/flux2_vae.h"
 #include "models/qwen3.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -201,20 +202,6 @@ TEST(MfluxNameMap, PackVaeEqualsTheDiffusersVae) {
 
 // --- the packs against diffusers ------------------------------------------------------------------
 
-NpyArray must_read(const fs::path& p) {
-  auto r = read_npy(p);
-  EXPECT_TRUE(r.ok()) << p << ": " << r.status().to_string();
-  return r.ok() ? std::move(*r) : NpyArray{};
-}
-
-Flux2Ids ids_of(const NpyArray& a) {
-  const auto v = a.to_i64();
-  Flux2Ids ids(v.size() / 4);
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (int k = 0; k < 4; ++k) ids[i][k] = v[4 * i + k];
-  return ids;
-}
-
 struct Compare {
   double rel = 0, psnr = 0;
 };
@@ -245,10 +232,10 @@ api::ComponentSpec pack_spec(const std::string& pack, const std::string& role) {
 
 TEST(MfluxPack, TransformerMatchesDiffusersWithMlxDequantizedWeights) {
   const fs::path d = mflux_dir();
-  Tensor img = must_read(d / "hidden_states.npy").to_tensor(), txt = must_read(d / "encoder_hidden_states.npy").to_tensor();
-  const float t = must_read(d / "timestep.npy").to_f32()[0];
-  const Flux2Ids iid = ids_of(must_read(d / "img_ids.npy")), tid = ids_of(must_read(d / "txt_ids.npy"));
-  const std::vector<float> full = must_read(d / "full_transformer.npy").to_f32();
+  Tensor img = testing::must_read_npy(d / "hidden_states.npy").to_tensor(), txt = testing::must_read_npy(d / "encoder_hidden_states.npy").to_tensor();
+  const float t = testing::must_read_npy(d / "timestep.npy").to_f32()[0];
+  const Flux2Ids iid = testing::flux2_ids_of(testing::must_read_npy(d / "img_ids.npy")), tid = testing::flux2_ids_of(testing::must_read_npy(d / "txt_ids.npy"));
+  const std::vector<float> full = testing::must_read_npy(d / "full_transformer.npy").to_f32();
   CpuBackend backend(CpuBackendOptions{2});
   RunContext ctx;
   ctx.backend = &backend;
@@ -265,7 +252,7 @@ TEST(MfluxPack, TransformerMatchesDiffusersWithMlxDequantizedWeights) {
     ASSERT_TRUE(model.ok()) << model.status().to_string();
     auto out = model->forward(img, txt, t, iid, tid, ctx);
     ASSERT_TRUE(out.ok()) << out.status().to_string();
-    const std::vector<float> ref = must_read(d / pack / "ref_transformer.npy").to_f32();
+    const std::vector<float> ref = testing::must_read_npy(d / pack / "ref_transformer.npy").to_f32();
     ASSERT_EQ(out->numel(), static_cast<int64_t>(ref.size()));
     const Compare vs_ref = compare(out->data(), ref), vs_full = compare(out->data(), full);
     std::printf("[mflux %s] transformer vs diffusers (MLX-dequantized weights): rel %.3g; vs full precision: "
@@ -283,9 +270,9 @@ TEST(MfluxPack, VaeDecodeMatchesDiffusers) {
   CpuBackend backend(CpuBackendOptions{2});
   RunContext ctx;
   ctx.backend = &backend;
-  auto img = vae->decode(must_read(mflux_dir() / "z.npy").to_tensor(), ctx);
+  auto img = vae->decode(testing::must_read_npy(mflux_dir() / "z.npy").to_tensor(), ctx);
   ASSERT_TRUE(img.ok()) << img.status().to_string();
-  const std::vector<float> ref = must_read(mflux_dir() / "q4" / "ref_vae_decode.npy").to_f32();
+  const std::vector<float> ref = testing::must_read_npy(mflux_dir() / "q4" / "ref_vae_decode.npy").to_f32();
   ASSERT_EQ(img->numel(), static_cast<int64_t>(ref.size()));
   const Compare c = compare(img->data(), ref);
   std::printf("[mflux q4] VAE decode vs diffusers: rel %.3g\n", c.rel);
