@@ -84,7 +84,7 @@ Result<Qwen3Encoder> Qwen3Encoder::load(std::shared_ptr<const TensorSource> src,
   Binder b(*m.source_);
   const int64_t H = c.hidden_size;
   m.layers_.resize(static_cast<size_t>(num_layers_needed));
-  for (const TensorRow& r : m.tensor_table(num_layers_needed))
+  for (const TensorRow& r : m.tensor_table(0, num_layers_needed))
     KLEIN_RETURN_IF_ERROR(b.required(r.name, r.shape, r.weight));
   for (Layer& L : m.layers_) {
     // Files written in name order (transformers', `klein quantize`'s) hold up_proj right after
@@ -121,7 +121,7 @@ Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_need
   return load(std::move(f.source), f.config, f.config_where, num_layers_needed);
 }
 
-std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int layers) const {
+std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int first, int last) const {
   const Qwen3Config& c = cfg_;
   const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;
   const int64_t I = c.intermediate_size;
@@ -129,7 +129,7 @@ std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int layers) cons
   auto* self = const_cast<Qwen3Encoder*>(this);
   std::vector<TensorRow> t;
   t.push_back({"model.embed_tokens.weight", {c.vocab_size, H}, -1, &self->embed_});
-  for (int i = 0; i < layers && i < static_cast<int>(self->layers_.size()); ++i) {
+  for (int i = std::max(first, 0); i < last && i < static_cast<int>(self->layers_.size()); ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     Layer& L = self->layers_[i];
     for (auto [name, shape, w] : std::initializer_list<std::tuple<const char*, Shape, Weight*>>{
@@ -157,7 +157,7 @@ std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int layers) cons
 }
 
 Status Qwen3Encoder::for_each_weight(const std::function<Status(Weight&)>& fn) {
-  for (const TensorRow& r : tensor_table(loaded_layers())) KLEIN_RETURN_IF_ERROR(fn(*r.weight));
+  for (const TensorRow& r : tensor_table(0, loaded_layers())) KLEIN_RETURN_IF_ERROR(fn(*r.weight));
   for (Layer& L : layers_) KLEIN_RETURN_IF_ERROR(fn(L.gate_up));
   return Status::Ok();
 }
@@ -166,7 +166,7 @@ int Qwen3Encoder::num_blocks() const { return loaded_layers(); }
 
 void Qwen3Encoder::for_each_block_weight(int i, const std::function<void(const Weight&)>& fn) const {
   if (i < 0 || i >= num_blocks()) return;
-  for (const TensorRow& r : tensor_table(i + 1))
+  for (const TensorRow& r : tensor_table(i, i + 1))
     if (r.block == i) fn(*r.weight);
   fn(layers_[i].gate_up);
 }

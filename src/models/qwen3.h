@@ -57,8 +57,9 @@ class Qwen3Encoder {
     int block = -1;
     Weight* weight = nullptr;
   };
-  // For `layers` layers (load sizes layers_ first), pointing into this model.
-  std::vector<TensorRow> tensor_table(int layers) const;
+  // The embedding's row and those of layers [first, last) (load sizes layers_ first), pointing
+  // into this model; the per-layer walk asks for one layer's rows only.
+  std::vector<TensorRow> tensor_table(int first, int last) const;
   // Calls fn on every weight the model holds (empty optional ones included), stopping at the
   // first error: weight preparation for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
