@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/checked.h"
 #include "io/json_file.h"
@@ -105,64 +106,118 @@ Result<Flux2VaeConfig> Flux2VaeConfig::from_json(const nlohmann::json& j, const 
 // ------------------------------------------------------------------------------------------
 namespace {
 
-// Binds the VAE's building blocks; shapes come from the config, checks from the Binder.
-struct Loader {
-  Binder& b;
-
-  Result<Weight> get(const std::string& name, const Shape& shape) const {
-    Weight w;
-    KLEIN_RETURN_IF_ERROR(b.required(name, shape, &w));
-    return w;
-  }
-  Result<Flux2Vae::Conv> conv(const std::string& p, int64_t cout, int64_t cin, int64_t k) const {
-    Flux2Vae::Conv c;
-    KLEIN_ASSIGN_OR_RETURN(c.w, get(p + ".weight", {cout, cin, k, k}));
-    KLEIN_ASSIGN_OR_RETURN(c.b, get(p + ".bias", {cout}));
-    return c;
-  }
-  Result<Flux2Vae::Norm> norm(const std::string& p, int64_t c) const {
-    Flux2Vae::Norm n;
-    KLEIN_ASSIGN_OR_RETURN(n.w, get(p + ".weight", {c}));
-    KLEIN_ASSIGN_OR_RETURN(n.b, get(p + ".bias", {c}));
-    return n;
-  }
-  Result<Flux2Vae::Resnet> resnet(const std::string& p, int64_t cin, int64_t cout) const {
+// Sizes the building blocks the config implies (resnet counts and channels, samplers, the mid
+// attention) so that tensor_table() can point into them.
+void size_blocks(const Flux2VaeConfig& c, std::vector<Flux2Vae::Block>* enc_blocks, Flux2Vae::Mid* enc_mid,
+                 std::vector<Flux2Vae::Block>* dec_blocks, Flux2Vae::Mid* dec_mid) {
+  const auto& enc = c.block_out_channels;
+  const auto& dec = c.decoder_block_out_channels;
+  const size_t nb = enc.size();
+  auto resnet = [](int64_t cin, int64_t cout) {
     Flux2Vae::Resnet r;
     r.cin = cin, r.cout = cout;
-    KLEIN_ASSIGN_OR_RETURN(r.norm1, norm(p + ".norm1", cin));
-    KLEIN_ASSIGN_OR_RETURN(r.conv1, conv(p + ".conv1", cout, cin, 3));
-    KLEIN_ASSIGN_OR_RETURN(r.norm2, norm(p + ".norm2", cout));
-    KLEIN_ASSIGN_OR_RETURN(r.conv2, conv(p + ".conv2", cout, cout, 3));
-    // With equal channels a shortcut in the file is left unbound: Binder::finish reports it.
-    if (cin != cout) {
-      KLEIN_ASSIGN_OR_RETURN(r.shortcut, conv(p + ".conv_shortcut", cout, cin, 1));
-    }
     return r;
+  };
+  auto mid = [&](Flux2Vae::Mid* m, int64_t ch) {
+    m->r0 = resnet(ch, ch), m->r1 = resnet(ch, ch);
+    m->has_attn = c.mid_block_add_attention;
+    m->attn.c = ch;
+  };
+  enc_blocks->assign(nb, {});
+  int64_t ch = enc[0];
+  for (size_t i = 0; i < nb; ++i) {
+    for (int64_t r = 0; r < c.layers_per_block; ++r, ch = enc[i]) (*enc_blocks)[i].resnets.push_back(resnet(ch, enc[i]));
+    (*enc_blocks)[i].has_sampler = i + 1 < nb;
   }
-  Result<Flux2Vae::Mid> mid(const std::string& p, int64_t c, bool attn) const {
-    Flux2Vae::Mid m;
-    KLEIN_ASSIGN_OR_RETURN(m.r0, resnet(p + ".resnets.0", c, c));
-    KLEIN_ASSIGN_OR_RETURN(m.r1, resnet(p + ".resnets.1", c, c));
-    m.has_attn = attn;
-    if (attn) {
-      const std::string a = p + ".attentions.0";
-      m.attn.c = c;
-      KLEIN_ASSIGN_OR_RETURN(m.attn.norm, norm(a + ".group_norm", c));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.q, get(a + ".to_q.weight", {c, c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.qb, get(a + ".to_q.bias", {c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.k, get(a + ".to_k.weight", {c, c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.kb, get(a + ".to_k.bias", {c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.v, get(a + ".to_v.weight", {c, c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.vb, get(a + ".to_v.bias", {c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.o, get(a + ".to_out.0.weight", {c, c}));
-      KLEIN_ASSIGN_OR_RETURN(m.attn.ob, get(a + ".to_out.0.bias", {c}));
-    }
-    return m;
+  mid(enc_mid, ch);
+  ch = dec.back();
+  mid(dec_mid, ch);
+  dec_blocks->assign(nb, {});
+  for (size_t i = 0; i < nb; ++i) {
+    const int64_t out = dec[nb - 1 - i];
+    for (int64_t r = 0; r < c.layers_per_block + 1; ++r, ch = out) (*dec_blocks)[i].resnets.push_back(resnet(ch, out));
+    (*dec_blocks)[i].has_sampler = i + 1 < nb;
   }
-};
-
+}
 
 }  // namespace
+
+std::vector<Flux2Vae::TensorRow> Flux2Vae::tensor_table() const {
+  const auto& c = cfg_;
+  // The rows hand out writable pointers (load binds through them); the table itself changes nothing.
+  auto* self = const_cast<Flux2Vae*>(this);
+  std::vector<TensorRow> t;
+  Part part = Part::kEncoder;
+  auto mat = [&](std::string name, Shape shape, Weight* w) {
+    t.push_back({std::move(name), std::move(shape), part, w, nullptr});
+  };
+  auto conv = [&](const std::string& p, Conv* cv, int64_t cout, int64_t cin, int64_t k) {
+    mat(p + ".weight", {cout, cin, k, k}, &cv->w);
+    mat(p + ".bias", {cout}, &cv->b);
+  };
+  auto norm = [&](const std::string& p, Norm* n, int64_t ch) {
+    mat(p + ".weight", {ch}, &n->w);
+    mat(p + ".bias", {ch}, &n->b);
+  };
+  auto resnet = [&](const std::string& p, Resnet* r) {
+    norm(p + ".norm1", &r->norm1, r->cin);
+    conv(p + ".conv1", &r->conv1, r->cout, r->cin, 3);
+    norm(p + ".norm2", &r->norm2, r->cout);
+    conv(p + ".conv2", &r->conv2, r->cout, r->cout, 3);
+    // With equal channels there is no row: a shortcut in the file is then left over (Binder::finish).
+    if (r->cin != r->cout) conv(p + ".conv_shortcut", &r->shortcut, r->cout, r->cin, 1);
+  };
+  auto mid = [&](const std::string& p, Mid* m) {
+    resnet(p + ".resnets.0", &m->r0);
+    resnet(p + ".resnets.1", &m->r1);
+    if (!m->has_attn) return;
+    const std::string a = p + ".attentions.0";
+    Attn& at = m->attn;
+    norm(a + ".group_norm", &at.norm, at.c);
+    for (auto [n, w, b] : {std::tuple{"to_q", &at.q, &at.qb}, std::tuple{"to_k", &at.k, &at.kb},
+                           std::tuple{"to_v", &at.v, &at.vb}, std::tuple{"to_out.0", &at.o, &at.ob}}) {
+      mat(a + "." + n + ".weight", {at.c, at.c}, w);
+      mat(a + "." + n + ".bias", {at.c}, b);
+    }
+  };
+  const int64_t lat = c.latent_channels;
+  // Encoder (vae.py Encoder): conv_in → down blocks (layers_per_block resnets each, a
+  // Downsample2D except the last) → mid → conv_norm_out, SiLU, conv_out (2·latent channels).
+  conv("encoder.conv_in", &self->enc_conv_in_, c.block_out_channels[0], c.in_channels, 3);
+  for (size_t i = 0; i < enc_blocks_.size(); ++i) {
+    Block& b = self->enc_blocks_[i];
+    const std::string p = "encoder.down_blocks." + std::to_string(i);
+    for (size_t r = 0; r < b.resnets.size(); ++r) resnet(p + ".resnets." + std::to_string(r), &b.resnets[r]);
+    if (b.has_sampler) conv(p + ".downsamplers.0.conv", &b.sampler, b.resnets.back().cout, b.resnets.back().cout, 3);
+  }
+  const int64_t enc_ch = enc_mid_.r0.cin, dec_ch = dec_mid_.r0.cin;
+  mid("encoder.mid_block", &self->enc_mid_);
+  norm("encoder.conv_norm_out", &self->enc_norm_out_, enc_ch);
+  conv("encoder.conv_out", &self->enc_conv_out_, 2 * lat, enc_ch, 3);
+  if (c.use_quant_conv) conv("quant_conv", &self->quant_conv_, 2 * lat, 2 * lat, 1);
+
+  // Decoder (vae.py Decoder): conv_in → mid → up blocks over the reversed channel list
+  // (layers_per_block + 1 resnets each, an Upsample2D except the last) → norm, SiLU, conv_out.
+  part = Part::kDecoder;
+  if (c.use_post_quant_conv) conv("post_quant_conv", &self->post_quant_conv_, lat, lat, 1);
+  conv("decoder.conv_in", &self->dec_conv_in_, dec_ch, lat, 3);
+  mid("decoder.mid_block", &self->dec_mid_);
+  for (size_t i = 0; i < dec_blocks_.size(); ++i) {
+    Block& b = self->dec_blocks_[i];
+    const std::string p = "decoder.up_blocks." + std::to_string(i);
+    for (size_t r = 0; r < b.resnets.size(); ++r) resnet(p + ".resnets." + std::to_string(r), &b.resnets[r]);
+    if (b.has_sampler) conv(p + ".upsamplers.0.conv", &b.sampler, b.resnets.back().cout, b.resnets.back().cout, 3);
+  }
+  const int64_t out_ch = dec_blocks_.back().resnets.back().cout;
+  norm("decoder.conv_norm_out", &self->dec_norm_out_, out_ch);
+  conv("decoder.conv_out", &self->dec_conv_out_, c.out_channels, out_ch, 3);
+
+  // Latent batch norm over the patchified channels (only the running stats are used).
+  part = Part::kLatentNorm;
+  t.push_back({"bn.running_mean", {c.patch_channels()}, part, nullptr, &self->bn_mean_});
+  t.push_back({"bn.running_var", {c.patch_channels()}, part, nullptr, &self->bn_var_});
+  return t;
+}
 
 Result<Flux2Vae> Flux2Vae::load(std::shared_ptr<const TensorSource> src, const nlohmann::json& config,
                                 const std::string& config_where) {
@@ -170,67 +225,12 @@ Result<Flux2Vae> Flux2Vae::load(std::shared_ptr<const TensorSource> src, const n
   KLEIN_ASSIGN_OR_RETURN(m.cfg_, Flux2VaeConfig::from_json(config, config_where));
   const auto& c = m.cfg_;
   m.source_ = std::move(src);
+  size_blocks(c, &m.enc_blocks_, &m.enc_mid_, &m.dec_blocks_, &m.dec_mid_);
   Binder bind(*m.source_);
-  const Loader L{bind};
-  const auto& enc = c.block_out_channels;
-  const auto& dec = c.decoder_block_out_channels;
-  const size_t nb = enc.size();
-  const int64_t lat = c.latent_channels;
-
-  // Encoder (vae.py Encoder): conv_in → down blocks (layers_per_block resnets each, a
-  // Downsample2D except the last) → mid → conv_norm_out, SiLU, conv_out (2·latent channels).
-  KLEIN_ASSIGN_OR_RETURN(m.enc_conv_in_, L.conv("encoder.conv_in", enc[0], c.in_channels, 3));
-  int64_t ch = enc[0];
-  for (size_t i = 0; i < nb; ++i) {
-    Block b;
-    const std::string p = "encoder.down_blocks." + std::to_string(i);
-    for (int64_t r = 0; r < c.layers_per_block; ++r) {
-      KLEIN_ASSIGN_OR_RETURN(auto res, L.resnet(p + ".resnets." + std::to_string(r), ch, enc[i]));
-      b.resnets.push_back(std::move(res));
-      ch = enc[i];
-    }
-    b.has_sampler = i + 1 < nb;
-    if (b.has_sampler) {
-      KLEIN_ASSIGN_OR_RETURN(b.sampler, L.conv(p + ".downsamplers.0.conv", ch, ch, 3));
-    }
-    m.enc_blocks_.push_back(std::move(b));
+  for (const TensorRow& r : m.tensor_table()) {
+    if (r.weight) KLEIN_RETURN_IF_ERROR(bind.required(r.name, r.shape, r.weight));
+    else KLEIN_RETURN_IF_ERROR(bind.vector_f32(r.name, r.shape[0], r.vector));
   }
-  KLEIN_ASSIGN_OR_RETURN(m.enc_mid_, L.mid("encoder.mid_block", ch, c.mid_block_add_attention));
-  KLEIN_ASSIGN_OR_RETURN(m.enc_norm_out_, L.norm("encoder.conv_norm_out", ch));
-  KLEIN_ASSIGN_OR_RETURN(m.enc_conv_out_, L.conv("encoder.conv_out", 2 * lat, ch, 3));
-  if (c.use_quant_conv) {
-    KLEIN_ASSIGN_OR_RETURN(m.quant_conv_, L.conv("quant_conv", 2 * lat, 2 * lat, 1));
-  }
-
-  // Decoder (vae.py Decoder): conv_in → mid → up blocks over the reversed channel list
-  // (layers_per_block + 1 resnets each, an Upsample2D except the last) → norm, SiLU, conv_out.
-  if (c.use_post_quant_conv) {
-    KLEIN_ASSIGN_OR_RETURN(m.post_quant_conv_, L.conv("post_quant_conv", lat, lat, 1));
-  }
-  ch = dec.back();
-  KLEIN_ASSIGN_OR_RETURN(m.dec_conv_in_, L.conv("decoder.conv_in", ch, lat, 3));
-  KLEIN_ASSIGN_OR_RETURN(m.dec_mid_, L.mid("decoder.mid_block", ch, c.mid_block_add_attention));
-  for (size_t i = 0; i < nb; ++i) {
-    Block b;
-    const std::string p = "decoder.up_blocks." + std::to_string(i);
-    const int64_t out = dec[nb - 1 - i];
-    for (int64_t r = 0; r < c.layers_per_block + 1; ++r) {
-      KLEIN_ASSIGN_OR_RETURN(auto res, L.resnet(p + ".resnets." + std::to_string(r), ch, out));
-      b.resnets.push_back(std::move(res));
-      ch = out;
-    }
-    b.has_sampler = i + 1 < nb;
-    if (b.has_sampler) {
-      KLEIN_ASSIGN_OR_RETURN(b.sampler, L.conv(p + ".upsamplers.0.conv", ch, ch, 3));
-    }
-    m.dec_blocks_.push_back(std::move(b));
-  }
-  KLEIN_ASSIGN_OR_RETURN(m.dec_norm_out_, L.norm("decoder.conv_norm_out", ch));
-  KLEIN_ASSIGN_OR_RETURN(m.dec_conv_out_, L.conv("decoder.conv_out", c.out_channels, ch, 3));
-
-  // Latent batch norm over the patchified channels (only the running stats are used).
-  KLEIN_RETURN_IF_ERROR(bind.vector_f32("bn.running_mean", c.patch_channels(), &m.bn_mean_));
-  KLEIN_RETURN_IF_ERROR(bind.vector_f32("bn.running_var", c.patch_channels(), &m.bn_var_));
   for (size_t i = 0; i < m.bn_var_.size(); ++i)
     if (!std::isfinite(m.bn_mean_[i]) || !(m.bn_var_[i] >= 0) || !std::isfinite(m.bn_var_[i]))
       return format_error(m.source_->file_of("bn.running_var") + ": bn.running_mean/var entry " +
@@ -270,44 +270,9 @@ LatentStats Flux2Vae::latent_stats(LatentArith arith) const {
 Status Flux2Vae::non_finite_status() const { return non_finite_weight_status(*source_, "VAE"); }
 
 Status Flux2Vae::for_each_weight(const std::function<Status(Weight&)>& fn) {
-  auto conv = [&](Conv& c) -> Status {
-    KLEIN_RETURN_IF_ERROR(fn(c.w));
-    return fn(c.b);
-  };
-  auto norm = [&](Norm& n) -> Status {
-    KLEIN_RETURN_IF_ERROR(fn(n.w));
-    return fn(n.b);
-  };
-  auto resnet = [&](Resnet& r) -> Status {
-    KLEIN_RETURN_IF_ERROR(norm(r.norm1));
-    KLEIN_RETURN_IF_ERROR(norm(r.norm2));
-    KLEIN_RETURN_IF_ERROR(conv(r.conv1));
-    KLEIN_RETURN_IF_ERROR(conv(r.conv2));
-    return conv(r.shortcut);
-  };
-  auto mid = [&](Mid& m) -> Status {
-    KLEIN_RETURN_IF_ERROR(resnet(m.r0));
-    KLEIN_RETURN_IF_ERROR(resnet(m.r1));
-    KLEIN_RETURN_IF_ERROR(norm(m.attn.norm));
-    for (Weight* w : {&m.attn.q, &m.attn.qb, &m.attn.k, &m.attn.kb, &m.attn.v, &m.attn.vb, &m.attn.o, &m.attn.ob})
-      KLEIN_RETURN_IF_ERROR(fn(*w));
-    return Status::Ok();
-  };
-  auto blocks = [&](std::vector<Block>& bs) -> Status {
-    for (Block& b : bs) {
-      for (Resnet& r : b.resnets) KLEIN_RETURN_IF_ERROR(resnet(r));
-      KLEIN_RETURN_IF_ERROR(conv(b.sampler));
-    }
-    return Status::Ok();
-  };
-  for (Conv* c : {&enc_conv_in_, &enc_conv_out_, &quant_conv_, &post_quant_conv_, &dec_conv_in_, &dec_conv_out_})
-    KLEIN_RETURN_IF_ERROR(conv(*c));
-  KLEIN_RETURN_IF_ERROR(norm(enc_norm_out_));
-  KLEIN_RETURN_IF_ERROR(norm(dec_norm_out_));
-  KLEIN_RETURN_IF_ERROR(mid(enc_mid_));
-  KLEIN_RETURN_IF_ERROR(mid(dec_mid_));
-  KLEIN_RETURN_IF_ERROR(blocks(enc_blocks_));
-  return blocks(dec_blocks_);
+  for (const TensorRow& r : tensor_table())
+    if (r.weight) KLEIN_RETURN_IF_ERROR(fn(*r.weight));
+  return Status::Ok();
 }
 
 }  // namespace klein

@@ -85,9 +85,24 @@ class Flux2Vae {
   static Result<Flux2Vae> load(const std::filesystem::path& dir);
 
   const Flux2VaeConfig& config() const { return cfg_; }
-  // Calls fn on every weight the model holds (empty optional ones included), stopping at the
-  // first error: weight preparation for a backend, memory accounting, `klein info`.
+  // The tensor table: one row per tensor the VAE binds, in load order — its diffusers name, the
+  // shape the config gives it, the part that reads it and where the model keeps it. Loading and
+  // for_each_weight read it (and memory accounting, through for_each_weight): no other list of
+  // the VAE's tensors exists. Rows point into this model.
+  enum class Part { kEncoder, kDecoder, kLatentNorm };
+  struct TensorRow {
+    std::string name;
+    Shape shape;
+    Part part = Part::kEncoder;
+    Weight* weight = nullptr;              // a conv / linear / norm parameter, kept as stored
+    std::vector<float>* vector = nullptr;  // or a batch-norm statistic, converted to float32 at load
+  };
+  std::vector<TensorRow> tensor_table() const;
+  // Calls fn on every weight of the table, stopping at the first error: weight preparation for
+  // a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);
+  // Where the weights are stored (for residency hints).
+  const TensorSource& source() const { return *source_; }
   // Why an output of this VAE is non-finite: the file and tensor of the first non-finite weight.
   Status non_finite_status() const;
   // Makes every weight ready for `be` (Backend::prepare_weight): once, after load.
