@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
+#include "klein/klein.h"
+#include "klein/klein_c.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
@@ -52,7 +54,7 @@ TEST(Cli, EncodeWritesPromptEmbeds) {
   auto dir = klein::testing::make_temp_dir("cli_enc");
   auto out = dir / "e.npy";
   auto r = run_cli("encode --model " + model() + " --prompt 'A cat holding a sign that says hello world' -o '" +
-                   out.string() + "' --quiet --threads 2 --dump '" + (dir / "dump").string() + "' --dump-filter hidden_");
+                   out.string() + "' --quiet --threads 2 --precision fp32 --dump '" + (dir / "dump").string() + "' --dump-filter hidden_");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto a = klein::read_npy(out);
   ASSERT_TRUE(a.ok());
@@ -86,7 +88,7 @@ TEST(Cli, EncodePrecisionMatchesGenerate) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_cli("encode --model " + q8 + prompt + "--precision fast -o '" + (dir / "fast.npy").string() + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = run_cli("encode --model " + q8 + prompt + "-o '" + (dir / "fp32.npy").string() + "'");
+  r = run_cli("encode --model " + q8 + prompt + "--precision fp32 -o '" + (dir / "fp32.npy").string() + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_cli("compare '" + (dir / "fast.npy").string() + "' '" + (dir / "d" / "prompt_embeds.npy").string() + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -325,5 +327,32 @@ TEST(Cli, RelativeOutputPaths) {
   // The quantized folders load.
   ok("info --model q8");
   ok("info --model sub/q8");
+  fs::remove_all(dir);
+}
+
+// The default precision is fast in every entry point (CLI, C++ and C API, one-shot generate),
+// and the PNG names the precision that made it.
+TEST(Cli, DefaultPrecisionIsFastAndThePngNamesIt) {
+  EXPECT_EQ(klein::LoadOptions{}.precision, klein::Precision::kFast);
+  EXPECT_EQ(klein::GenerateOptions{}.precision, klein::Precision::kFast);
+  EXPECT_EQ(klein_load_default_params().precision, KLEIN_PRECISION_FAST);
+  auto dir = klein::testing::make_temp_dir("cli_precision");
+  auto png_text = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  // An iTXt chunk: keyword, NUL, compression flag and method, language and translated keyword
+  // (both empty: NUL each), then the text.
+  const std::string fast_chunk = std::string("precision") + '\0' + '\0' + '\0' + '\0' + '\0' + "fast";
+  const std::string fp32_chunk = std::string("precision") + '\0' + '\0' + '\0' + '\0' + '\0' + "fp32";
+  const std::string args = " -q --prompt 'a cat' -W 32 -H 32 --steps 1 --threads 2 -o '";
+  auto r = run_cli("generate --model " + model() + args + (dir / "default.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli("generate --model " + model() + " --precision fp32" + args + (dir / "fp32.png").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string a = png_text(dir / "default.png"), b = png_text(dir / "fp32.png");
+  EXPECT_NE(a.find(fast_chunk), std::string::npos);
+  EXPECT_EQ(a.find(fp32_chunk), std::string::npos);
+  EXPECT_NE(b.find(fp32_chunk), std::string::npos);
   fs::remove_all(dir);
 }

@@ -75,6 +75,7 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
   o.steps = c.steps;
   o.seed = c.seed;
   o.threads = 2;
+  o.precision = klein::Precision::kFp32;  // the exact path is diffusers' float32 pipeline
   o.dump_dir = dump.string();
   auto r = klein::generate(o);
   ASSERT_TRUE(r.ok()) << r.status().to_string();

@@ -490,28 +490,28 @@ TEST(Quantize, CliWritesAFolderThatGenerates) {
   EXPECT_NE(r.out.find("ssim         1.000000"), std::string::npos) << r.out;
 }
 
-// generate / encode on a q8 or q4 folder under the default --precision fp32 say once that the
-// weights are dequantized to float32 and that fast runs them on the int8 kernels; not with
-// --precision fast, not with --quiet, not for float weights.
+// generate / encode on a q8 or q4 folder under --precision fp32 say once that the weights are
+// dequantized to float32 and that fast runs them on the int8 kernels; not under the default
+// precision (fast), not with --quiet, not for float weights.
 TEST(Quantize, CliNotesQuantizedWeightsUnderFp32) {
   const fs::path d = klein::testing::make_temp_dir("quant_note");
   const std::string note = "weights under --precision fp32 are dequantized";
   const std::string args = " -p 'a cat' -W 32 -H 32 --steps 1 -o " + q(d / "a.png");
   for (const auto& [type, fmt] : {std::pair{"q8", "Q8_ROW"}, std::pair{"q4", "Q4_G64"}}) {
     const std::string m = " --model " + q(quantized_tiny(type));
-    auto r = klein::testing::run_cli("generate" + m + args);
+    auto r = klein::testing::run_cli("generate" + m + " --precision fp32" + args);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find(std::string("note: ") + fmt + " " + note), std::string::npos) << r.err;
-    r = klein::testing::run_cli("encode" + m + " -p 'a cat' -o " + q(d / "e.npy"));
+    r = klein::testing::run_cli("encode" + m + " --precision fp32 -p 'a cat' -o " + q(d / "e.npy"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find(note), std::string::npos) << r.err;
-    for (const std::string extra : {" --precision fast", " -q"}) {
+    for (const std::string extra : {"", " --precision fast", " --precision fp32 -q"}) {
       r = klein::testing::run_cli("generate" + m + extra + args);
       ASSERT_EQ(r.exit_code, 0) << r.err;
       EXPECT_EQ(r.err.find(note), std::string::npos) << extra << ": " << r.err;
     }
   }
-  auto r = klein::testing::run_cli("generate --model " + q(klein::testing::tiny_model_dir()) + args);
+  auto r = klein::testing::run_cli("generate --precision fp32 --model " + q(klein::testing::tiny_model_dir()) + args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find(note), std::string::npos) << r.err;
 }

@@ -62,9 +62,11 @@ enum class MemoryPolicy {
 
 // The arithmetic of the matrix products (Linear layers, and on CUDA the VAE's convolutions).
 enum class Precision {
-  kFp32,  // float32 arithmetic on the stored weights: the exact path, for fidelity work (default);
-          // on CUDA float32 cuBLASLt GEMMs (no TF32) on weights dequantised to f32 at upload
-  kFast,  // the CPU's dot-product kernels for whatever the weights are: bf16 dot products
+  kFp32,  // float32 arithmetic on the stored weights: the exact path, equal to diffusers' float32
+          // pipeline, for fidelity work; on CUDA float32 cuBLASLt GEMMs (no TF32) on weights
+          // dequantised to f32 at upload
+  kFast,  // (default: about 2x faster, and closer to diffusers' float32 picture than diffusers' own
+          // bf16 pipeline is) the CPU's dot-product kernels for whatever the weights are: bf16 dot products
           // (activations rounded to bf16) with AVX512_BF16 where they out-run float32 FMA (not
           // on Intel cores, unless isa = "avx512_bf16"), int8 W8A8 for Q8_ROW weights and W4A8
           // for Q4_G64 (AVX512_VNNI or AVX2; activations quantized per token); float32 otherwise,
@@ -109,7 +111,7 @@ struct LoadOptions {
   // activations (about 1024² and beyond); < 0: never.
   int vae_tile = 0;
   double vae_tile_above_gib = 4.0;
-  Precision precision = Precision::kFp32;
+  Precision precision = Precision::kFast;
   // A memory budget in GiB for each request (weights, activations and kernel scratch; peak RSS
   // as getrusage sees it); 0: none (as before). With a budget the engine plans every request
   // before any work: components loaded as the policy says, or the text encoder's and the
@@ -315,6 +317,7 @@ struct GenerateOptions {
   bool bf16_noise = false;      // draw the noise as torch does for a bfloat16 pipeline
   std::vector<std::string> reference_images;  // editing: 1..N image files
   int threads = 0;              // 0: all cores; at most kMaxThreads
+  Precision precision = Precision::kFast;  // as LoadOptions::precision (kFp32: diffusers' float32 picture)
   std::string dump_dir;         // if set: named intermediates as .npy
   std::string dump_filter;      // comma-separated name parts to dump (empty: all)
 
@@ -323,7 +326,7 @@ struct GenerateOptions {
   std::function<void(const std::string&)> on_log;
 };
 
-// Model::open(model_dir, {threads, kLow}) then Model::generate. The result image is only
+// Model::open(model_dir, {threads, kLow, precision}) then Model::generate. The result image is only
 // returned if it is finite (never a NaN image).
 KLEIN_API Result<GenerateResult> generate(const GenerateOptions& options);
 

@@ -47,8 +47,8 @@ typedef enum klein_memory_policy {
 
 /* The arithmetic of the matrix products (klein::Precision). */
 typedef enum klein_precision {
-  KLEIN_PRECISION_FP32 = 0, /* float32 on the stored weights: the exact path (default) */
-  KLEIN_PRECISION_FAST = 1  /* the CPU's dot-product kernels (bf16 dot, int8 W8A8 for Q8_ROW); bf16 GEMMs on CUDA */
+  KLEIN_PRECISION_FP32 = 0, /* float32 on the stored weights: the exact path (diffusers' float32 pipeline) */
+  KLEIN_PRECISION_FAST = 1  /* (default) the CPU's dot-product kernels (bf16 dot, int8 W8A8 for Q8_ROW); bf16 GEMMs on CUDA */
 } klein_precision;
 
 /* Which processor runs the models (klein::BackendKind). */
@@ -87,7 +87,7 @@ typedef struct klein_load_params {
   int memory;         /* a klein_memory_policy */
   const char* isa;    /* NULL or "": best available; else a ceiling this CPU has: "scalar", "avx2", ... */
   int vae_tile;       /* seamless tiled VAE: tile size in image pixels, a multiple of 8; 0: automatic; < 0: never */
-  int precision;      /* a klein_precision: KLEIN_PRECISION_FP32 (default) or KLEIN_PRECISION_FAST */
+  int precision;      /* a klein_precision: KLEIN_PRECISION_FAST (default) or KLEIN_PRECISION_FP32 */
   double max_memory_gib; /* memory budget in GiB, 0 (none) to 1e6 (klein.h LoadOptions::max_memory_gib) */
   int backend;        /* a klein_backend: KLEIN_BACKEND_AUTO (default), KLEIN_BACKEND_CPU or KLEIN_BACKEND_CUDA */
   /* Separate component safetensors files (NULL or "": none), each replacing that part of `path` or

@@ -40,7 +40,7 @@ klein_load_params klein_load_default_params(void) {
   p.memory = KLEIN_MEMORY_LOW;
   p.isa = nullptr;
   p.vae_tile = 0;
-  p.precision = KLEIN_PRECISION_FP32;
+  p.precision = KLEIN_PRECISION_FAST;
   p.max_memory_gib = 0;
   p.backend = KLEIN_BACKEND_AUTO;
   p.diffusion_model = nullptr;

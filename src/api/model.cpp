@@ -512,6 +512,7 @@ Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbac
                   {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
                   {"steps", std::to_string(g.steps)},
                   {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
+                  {"precision", m.options.precision == Precision::kFast ? "fast" : "fp32"},
                   {"model", last_path_component(m.path.empty() ? m.dit_spec.where : m.path)},
                   {"software", std::string("klein.cpp ") + version()}};
     for (size_t i = 0; i < req.reference_images.size(); ++i)

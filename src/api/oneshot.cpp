@@ -18,6 +18,7 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
   return api::guarded("generate", [&]() -> Result<GenerateResult> {
     LoadOptions lo;
     lo.threads = opt.threads;
+    lo.precision = opt.precision;
     lo.memory = MemoryPolicy::kLow;
     KLEIN_ASSIGN_OR_RETURN(auto model, Model::open(opt.model_dir, lo));
     GenerateRequest req;

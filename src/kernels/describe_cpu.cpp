@@ -62,7 +62,7 @@ std::string describe_cpu(const CpuFeatures& cpu, Isa max_isa) {
         diff += "  " + std::string(op_name(b->op)) + " " + std::string(dtype_name(b->format)) + ": " +
                 std::string(isa_name(b->isa)) + " (" + std::string(b->name) + ")" + (b->fast ? " [fast]" : "") + "\n";
     }
-  s += "kernels that differ with precision fast:\n";
+  s += "kernels that differ with precision fast (the default; --precision fp32 keeps the list above):\n";
   s += diff.empty() ? "  (none: this CPU has no dot-product kernels under this ceiling)\n" : diff;
   if (skips_bf16_dot(cpu, max_isa))
     s += cpu.has(Isa::kAmx)

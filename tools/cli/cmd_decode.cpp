@@ -18,7 +18,7 @@ namespace klein::cli {
 Command make_decode_command() {
   struct Opts {
     ModelArgs ma;
-    std::string latents, out, isa, dump, dump_filter, precision = "fp32";
+    std::string latents, out, isa, dump, dump_filter, precision = "fast";
     int threads = 0, vae_tile = 0;
     double max_memory = 0;
     bool quiet = false;
@@ -35,9 +35,9 @@ Command make_decode_command() {
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--isa", o->isa, kIsaHelp);
     s->add_option("--precision", o->precision,
-                  "fp32: exact float32 arithmetic (default); fast: the dot-product kernels (bf16 convolutions and "
+                  "fast (default): the dot-product kernels (bf16 convolutions and "
                   "attention on AMX tiles, or with AVX512_BF16 where it beats float32: not on Intel CPUs without AMX), "
-                  "else the 3x3 convolutions in float32 Winograd form")
+                  "else the 3x3 convolutions in float32 Winograd form; fp32: exact float32 arithmetic")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--vae-tile", o->vae_tile,
                   "Decode in seamless tiles of N image pixels (a multiple of 8; same image, less memory). "

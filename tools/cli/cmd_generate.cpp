@@ -18,7 +18,7 @@ Command make_generate_command() {
   struct Opts {
     ModelArgs ma;
     std::string prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
-        memory = "low", isa, precision = "fp32", seed = "0", backend = "auto";
+        memory = "low", isa, precision = "fast", seed = "0", backend = "auto";
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
     double max_memory = 0;
@@ -69,11 +69,11 @@ Command make_generate_command() {
     s->add_option("--preview", o->preview,
                   "Rewrite this PNG (atomically) after every denoising step with a live preview of the image");
     s->add_option("--precision", o->precision,
-                  "fp32: float32 arithmetic on the stored weights (default, exact; Q8_ROW / Q4_G64 weights "
-                  "dequantized); fast: the CPU's dot-product kernels (bf16 GEMMs, convolutions and attention on AMX "
+                  "fast (default): the CPU's dot-product kernels (bf16 GEMMs, convolutions and attention on AMX "
                   "tiles, or with AVX512_BF16 where it beats float32: not on Intel CPUs without AMX; int8 W8A8 for "
                   "Q8_ROW weights, W4A8 for Q4_G64; without bf16 convolutions the VAE's 3x3 ones in float32 Winograd "
-                  "form), on CUDA bf16 GEMMs")
+                  "form), on CUDA bf16 GEMMs; fp32: float32 arithmetic on the stored weights (exact: diffusers' float32 "
+                  "pipeline; Q8_ROW / Q4_G64 weights dequantized)")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");

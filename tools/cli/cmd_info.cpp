@@ -46,7 +46,7 @@ Command make_info_command() {
     auto* s = app.add_subcommand("info", "Describe a model (layout, components, naming schemes, families, variant, "
                                          "config, formats, sizes) or this CPU; exits 1 when a part is missing");
     o->ma.add(s, kModelFileHelp);
-    s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (precision fp32, and what fast changes)");
+    s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (the exact precision fp32, and what the default precision fast changes)");
     s->add_option("--isa", o->isa,
                   "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...; one this CPU has)");
     return s;

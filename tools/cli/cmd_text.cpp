@@ -44,7 +44,7 @@ Command make_tokenize_command() {
 Command make_encode_command() {
   struct Opts {
     ModelArgs ma;
-    std::string prompt, prompt_file, out, dump, dump_filter, isa, precision = "fp32", backend = "auto";
+    std::string prompt, prompt_file, out, dump, dump_filter, isa, precision = "fast", backend = "auto";
     int threads = 0, max_length = 512;
     double max_memory = 0;
     bool quiet = false, prompt_given = false;
@@ -67,10 +67,10 @@ Command make_encode_command() {
     // The same numbers as generate's text encode under the same --precision (so its embeddings
     // can be given back with --prompt-embeds and give generate's own image).
     s->add_option("--precision", o->precision,
-                  "fp32: float32 arithmetic on the stored weights (default, exact; Q8_ROW / Q4_G64 weights "
-                  "dequantized); fast: the CPU's dot-product kernels (as generate --precision fast: int8 W8A8 for "
+                  "fast (default): the CPU's dot-product kernels (as generate --precision fast: int8 W8A8 for "
                   "Q8_ROW weights, W4A8 for Q4_G64, bf16 dot products for float weights on AMX or AVX512_BF16 where "
-                  "they beat float32), on CUDA bf16 GEMMs")
+                  "they beat float32), on CUDA bf16 GEMMs; fp32: float32 arithmetic on the stored weights (exact; Q8_ROW / "
+                  "Q4_G64 weights dequantized)")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--max-memory", o->max_memory,
                   "Memory budget in GiB (0 to 1000000): stream the text encoder block by block to stay under it, or fail at once "

@@ -13,7 +13,7 @@ namespace klein::cli {
 Command make_serve_command() {
   struct Opts {
     ModelArgs ma;
-    std::string memory = "resident", isa, precision = "fp32", backend = "auto";
+    std::string memory = "resident", isa, precision = "fast", backend = "auto";
     int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0, keep_results_mib = 256;
     double max_memory_gib = 0;
     server::ServerOptions s;
@@ -46,7 +46,7 @@ Command make_serve_command() {
     s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
         ->check(CLI::IsMember({"low", "resident"}));
     s->add_option("--isa", o->isa, kIsaHelp);
-    s->add_option("--precision", o->precision, "fp32 (default, exact) or fast")->check(CLI::IsMember({"fp32", "fast"}));
+    s->add_option("--precision", o->precision, "fast (default: the dot-product kernels, as generate) or fp32 (exact)")->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_option("--vae-tile", o->vae_tile, "VAE tile size in image pixels, a multiple of 8 (default: automatic)")->check(CLI::Range(8, 8192));
     // Tests hold the loading state open to check what requests get meanwhile.
