@@ -69,7 +69,7 @@ Command make_encode_command() {
     s->add_option("--precision", o->precision,
                   "fp32: float32 arithmetic on the stored weights (default, exact; Q8_ROW / Q4_G64 weights "
                   "dequantized); fast: the CPU's dot-product kernels (as generate --precision fast: int8 W8A8 for "
-                  "Q8_ROW weights, W4A8 for Q4_G64, bf16 dot products for float weights on AMX or AVX512_BF16 where "
+                  "Q8_ROW weights, W4A8 for Q4_G64, int8 dot products per block for GGUF Q8_0 ... Q6_K as llama.cpp, bf16 dot products for float weights on AMX or AVX512_BF16 where "
                   "they beat float32), on CUDA bf16 GEMMs")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--max-memory", o->max_memory,
