@@ -988,9 +988,6 @@ TEST_P(Kernels, Q4G64UnpackIsBitExact) {
   }
 }
 
-}  // namespace
-}  // namespace klein
-
 // ggml block weights (GGUF) under Precision::kFast: llama.cpp's per-block int8 activations and
 // integer dot products (kernels/ggml_dot.h, ref::linear_ggml).
 constexpr DType kGgmlFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
@@ -1131,3 +1128,6 @@ TEST_P(Kernels, GgmlLinearFastNaNStaysInItsRow) {
       }
   }
 }
+
+}  // namespace
+}  // namespace klein

@@ -54,10 +54,10 @@ namespace {
 enum class Kind : uint8_t { kSigned, kOffset, kMins };
 
 struct Form {
-  int sub;        // elements per sub-block: one int32 dot product, one fw_j (and o_j)
-  int act_block;  // elements per activation scale: 32 (block_q8_0) or 256 (block_q8_K)
-  Kind kind;
-  int off;        // kOffset: w + off ≥ 0 (AVX2); 0 otherwise
+  int sub = 32;         // elements per sub-block: one int32 dot product, one fw_j (and o_j)
+  int act_block = 32;   // elements per activation scale: 32 (block_q8_0) or 256 (block_q8_K)
+  Kind kind = Kind::kSigned;
+  int off = 0;          // kOffset: w + off ≥ 0 (AVX2); 0 otherwise
   bool mins() const { return kind == Kind::kMins; }
 };
 

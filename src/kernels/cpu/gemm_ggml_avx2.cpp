@@ -10,6 +10,11 @@
 // the int32 sum — pairs ≤ 2 · 63 · 127 = 16002, no saturation. Q8_0's codes span int8: as
 // ggml's mul_sum_i8_pairs, |w| times q with w's sign moved onto q (|pair| ≤ 2 · 128 · 127).
 // Each unit's pairs are widened at once by vpmaddwd with ones (exact).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cpu/gemm_ggml_direct.h"
 #include "kernels/cpu/gemm_kernels.h"
 
