@@ -34,6 +34,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -90,31 +91,35 @@ inline float half_at(const uint8_t* p) {
 // outputs are NaN, as a float GEMM's would be non-finite.
 inline void quantize_act(const Form& f, const float* x, int64_t K, int8_t* q, float* dx, float* xs, int32_t* bsum) {
   const int per = f.act_block / f.sub;  // sub-blocks per activation block
-  for (int64_t b0 = 0; b0 < K; b0 += f.act_block) {
+  const int n = f.act_block;
+  for (int64_t b0 = 0; b0 < K; b0 += n) {
     const float* xb = x + b0;
     int8_t* qb = q + b0;
-    float amax = 0.0f, mx = 0.0f;
-    bool finite = true;
-    for (int j = 0; j < f.act_block; ++j) {
-      const float a = std::fabs(xb[j]);
-      if (!(a <= std::numeric_limits<float>::max())) finite = false;
-      if (a > amax) amax = a, mx = xb[j];
-    }
+    // amax as the largest |x| bit pattern (an integer max, which the SIMD files' compilers
+    // vectorize; a float one they keep scalar): above that of FLT_MAX is an inf or a NaN.
+    uint32_t abits = 0;
+    for (int j = 0; j < n; ++j) abits = std::max(abits, std::bit_cast<uint32_t>(xb[j]) & 0x7fffffffu);
+    const float amax = std::bit_cast<float>(abits);
     float d;
-    if (!finite) {
-      std::fill(qb, qb + f.act_block, int8_t{0});
+    if (abits > 0x7f7fffffu) {
+      std::fill(qb, qb + n, int8_t{0});
       d = std::numeric_limits<float>::quiet_NaN();
-    } else if (f.act_block == 32) {  // block_q8_0 (x86 form)
+    } else if (n == 32) {  // block_q8_0 (x86 form)
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
       for (int j = 0; j < 32; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(xb[j] * id));
       d = f16_to_f32(f32_to_f16(amax / 127.0f));
-    } else if (amax == 0.0f) {  // block_q8_K of zeros
-      std::fill(qb, qb + f.act_block, int8_t{0});
+    } else if (abits == 0) {  // block_q8_K of zeros
+      std::fill(qb, qb + n, int8_t{0});
       d = 0.0f;
-    } else {  // block_q8_K
+    } else {  // block_q8_K: max is the first element of largest |x|, sign included
+      float mx = amax;
+      for (int j = 0; j < n; ++j)
+        if ((std::bit_cast<uint32_t>(xb[j]) & 0x7fffffffu) == abits) {
+          mx = xb[j];
+          break;
+        }
       const float iscale = -127.0f / mx;
-      for (int j = 0; j < f.act_block; ++j)
-        qb[j] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(iscale * xb[j])));
+      for (int j = 0; j < n; ++j) qb[j] = static_cast<int8_t>(std::min(127.0f, std::nearbyint(iscale * xb[j])));
       d = 1.0f / iscale;
     }
     for (int s = 0; s < per; ++s) {
