@@ -1110,6 +1110,23 @@ TEST_P(Kernels, GgmlLinearFastIsItsRefBitForBit) {
   }
 }
 
+TEST_P(Kernels, GgmlLinearFastExtremesAreExact) {
+  // Every code at its largest (all payload bits set) against activations all at ±127: the int16
+  // sums the AVX2 kernel chains before widening are at their bound and must not saturate.
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t M = 9, N = 11, K = 512;
+  for (DType dt : kGgmlFormats)
+    for (float v : {1.0f, -1.0f}) {
+      OwnedWeight W = random_weight(dt, N, K, rng);
+      std::fill(W.i8.begin(), W.i8.end(), int8_t{-1});
+      testing::make_ggml_blocks_valid(dt, W.i8.data(), W.i8.size(), 4);
+      const std::vector<float> x(M * K, v);
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (v > 0 ? " +" : " -"));
+      check_linear_fast(fast, dt, M, N, K, false, 0, pool, rng, &W, &x);
+    }
+}
+
 TEST_P(Kernels, GgmlLinearFastNaNStaysInItsRow) {
   std::mt19937 rng(8);
   ThreadPool pool(2);

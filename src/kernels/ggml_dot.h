@@ -59,22 +59,23 @@ struct Form {
   int act_block = 32;   // elements per activation scale: 32 (block_q8_0) or 256 (block_q8_K)
   Kind kind = Kind::kSigned;
   int off = 0;          // kOffset: w + off ≥ 0 (AVX2); 0 otherwise
+  int umax = 127;       // the largest code as AVX2 multiplies it (w + off; kSigned: |w| ≤ 128)
   bool mins() const { return kind == Kind::kMins; }
 };
 
 // The form of a ggml block format; false for every other format.
 inline bool form_of(DType t, Form* f) {
   switch (t) {
-    case DType::kQ8_0: *f = {32, 32, Kind::kSigned, 0}; return true;
-    case DType::kQ4_0: *f = {32, 32, Kind::kOffset, 8}; return true;
-    case DType::kQ4_1: *f = {32, 32, Kind::kMins, 0}; return true;
-    case DType::kQ5_0: *f = {32, 32, Kind::kOffset, 16}; return true;
-    case DType::kQ5_1: *f = {32, 32, Kind::kMins, 0}; return true;
-    case DType::kQ2_K: *f = {16, 256, Kind::kMins, 0}; return true;
-    case DType::kQ3_K: *f = {16, 256, Kind::kOffset, 4}; return true;
-    case DType::kQ4_K: *f = {32, 256, Kind::kMins, 0}; return true;
-    case DType::kQ5_K: *f = {32, 256, Kind::kMins, 0}; return true;
-    case DType::kQ6_K: *f = {16, 256, Kind::kOffset, 32}; return true;
+    case DType::kQ8_0: *f = {32, 32, Kind::kSigned, 0, 128}; return true;
+    case DType::kQ4_0: *f = {32, 32, Kind::kOffset, 8, 15}; return true;
+    case DType::kQ4_1: *f = {32, 32, Kind::kMins, 0, 15}; return true;
+    case DType::kQ5_0: *f = {32, 32, Kind::kOffset, 16, 31}; return true;
+    case DType::kQ5_1: *f = {32, 32, Kind::kMins, 0, 31}; return true;
+    case DType::kQ2_K: *f = {16, 256, Kind::kMins, 0, 3}; return true;
+    case DType::kQ3_K: *f = {16, 256, Kind::kOffset, 4, 7}; return true;
+    case DType::kQ4_K: *f = {32, 256, Kind::kMins, 0, 15}; return true;
+    case DType::kQ5_K: *f = {32, 256, Kind::kMins, 0, 31}; return true;
+    case DType::kQ6_K: *f = {16, 256, Kind::kOffset, 32, 63}; return true;
     default: return false;
   }
 }

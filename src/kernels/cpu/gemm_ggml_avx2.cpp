@@ -28,12 +28,14 @@ void ggml_prep_row(int8_t* w, int64_t K, const ggml_dot::Form& f, int32_t* nsum)
   std::fill(nsum, nsum + K / f.sub, 0);
 }
 
-// KIND: ggml_dot::Kind as int (0 signed, 1 offset, 2 mins).
-template <int NC, int SUBU, int KIND>
+// KIND: ggml_dot::Kind as int (0 signed, 1 offset, 2 mins). CH units' int16 pairs are summed
+// (vpaddw) before one vpmaddwd widens them: CH · 2 · max code · 127 ≤ 32767 (ggml_chain).
+template <int NC, int SUBU, int KIND, int CH>
 __attribute__((noinline)) void ggml_tile(const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t S, int64_t lds,
                                          const float* fw, const float* o, const float* dx, const float* xs,
                                          const int32_t* ioff, SlicePrefetch* pf, const float* bias, float* y,
                                          int64_t ldy, int rows) {
+  static_assert(SUBU % CH == 0);
   constexpr int MR = 8;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
@@ -41,8 +43,13 @@ __attribute__((noinline)) void ggml_tile(const uint32_t* a, const uint8_t* w, in
     pf->step();
     __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
 #pragma GCC unroll 8
-    for (int q = 0; q < SUBU; ++q) {
-      const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    for (int q0 = 0; q0 < SUBU; q0 += CH) {
+      __m256i h0 = _mm256_setzero_si256(), h1 = h0, h2 = h0, h3 = h0;
+#pragma GCC unroll 8
+      for (int q = q0; q < q0 + CH; ++q) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + q * MR));
+// The empty asm keeps each chain a chain (as gemm_w4a8_avx2.cpp's: GCC otherwise reassociates
+// the adds into a tree and spills the products).
 #define KG_COL(j)                                                                    \
   if constexpr (NC > j) {                                                            \
     int32_t u;                                                                       \
@@ -51,12 +58,18 @@ __attribute__((noinline)) void ggml_tile(const uint32_t* a, const uint8_t* w, in
     __m256i p;                                                                       \
     if constexpr (KIND == 0) p = _mm256_maddubs_epi16(_mm256_abs_epi8(wb), _mm256_sign_epi8(av, wb)); \
     else p = _mm256_maddubs_epi16(wb, av);                                           \
-    c##j = _mm256_add_epi32(c##j, _mm256_madd_epi16(p, ones));                       \
+    h##j = CH == 1 ? p : _mm256_add_epi16(h##j, p);                                  \
+    asm("" : "+x"(h##j));                                                            \
   }
-      KG_COL(0) KG_COL(1) KG_COL(2) KG_COL(3)
+        KG_COL(0) KG_COL(1) KG_COL(2) KG_COL(3)
 #undef KG_COL
-      a += MR;
+      }
+#define KG_WIDEN(j) \
+  if constexpr (NC > j) c##j = _mm256_add_epi32(c##j, _mm256_madd_epi16(h##j, ones));
+      KG_WIDEN(0) KG_WIDEN(1) KG_WIDEN(2) KG_WIDEN(3)
+#undef KG_WIDEN
     }
+    a += SUBU * MR;
     w += SUBU * 4;
     if constexpr (KIND == 1) {
       const __m256i io = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ioff));
@@ -92,20 +105,32 @@ struct GgmlMadd {
   static constexpr uint32_t kActXor = 0;  // signed q
   static constexpr int64_t kSlabMax = 96, kItem = 384;
   static constexpr auto prep_row = ggml_prep_row;
+  template <int NC, int SUBU, int KIND>
+  static void chained(const ggml_dot::Form& f, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t S,
+                      int64_t lds, const float* fw, const float* o, const float* dx, const float* xs,
+                      const int32_t* ioff, SlicePrefetch* pf, const float* bias, float* y, int64_t ldy, int rows) {
+    // The longest chain the codes allow (KIND 0: |w| ≤ 128, one unit).
+    const int most = KIND == 0 ? 1 : 32767 / (2 * 127 * f.umax);
+    if constexpr (SUBU >= 8)
+      if (most >= 8) return ggml_tile<NC, SUBU, KIND, 8>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+    if (most >= 4) ggml_tile<NC, SUBU, KIND, 4>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+    else if (most >= 2) ggml_tile<NC, SUBU, KIND, 2>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+    else ggml_tile<NC, SUBU, KIND, 1>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+  }
   template <int NC>
   static void run(const ggml_dot::Form& f, const uint32_t* a, const uint8_t* w, int64_t ldw, int64_t S, int64_t lds,
                   const float* fw, const float* o, const int32_t* /*nsum*/, const float* dx, const float* xs,
                   const int32_t* ioff, SlicePrefetch* pf, const float* bias, float* y, int64_t ldy, int rows) {
     using ggml_dot::Kind;
     if (f.sub == 16) {
-      if (f.kind == Kind::kMins) ggml_tile<NC, 4, 2>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
-      else ggml_tile<NC, 4, 1>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+      if (f.kind == Kind::kMins) chained<NC, 4, 2>(f, a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+      else chained<NC, 4, 1>(f, a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
     } else if (f.kind == Kind::kSigned) {
-      ggml_tile<NC, 8, 0>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+      ggml_tile<NC, 8, 0, 1>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
     } else if (f.kind == Kind::kOffset) {
-      ggml_tile<NC, 8, 1>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+      chained<NC, 8, 1>(f, a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
     } else {
-      ggml_tile<NC, 8, 2>(a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
+      chained<NC, 8, 2>(f, a, w, ldw, S, lds, fw, o, dx, xs, ioff, pf, bias, y, ldy, rows);
     }
   }
 };
