@@ -9,7 +9,8 @@
 // Q3_K, Q6_K: ≥ −32) become w + off ≤ 63 and the activation side's off · Σq is subtracted from
 // the int32 sum — pairs ≤ 2 · 63 · 127 = 16002, no saturation. Q8_0's codes span int8: as
 // ggml's mul_sum_i8_pairs, |w| times q with w's sign moved onto q (|pair| ≤ 2 · 128 · 127).
-// Each unit's pairs are widened at once by vpmaddwd with ones (exact).
+// The int16 pairs of up to 8 units are summed before vpmaddwd widens them (exact while
+// chain · 2 · max code · 127 ≤ 32767: 8 units for 4-bit codes, 4 for 5-bit, 2 for Q6_K's, 1 for Q8_0).
 #include <immintrin.h>
 
 #include <algorithm>
