@@ -201,6 +201,46 @@ TEST(GgufModel, TransformerMatchesDiffusersWithGgufPyDequantizedWeights) {
   }
 }
 
+// Under Precision::kFast the block linears take llama.cpp's int8 arithmetic (kernels/ggml_dot.h):
+// the tiny transformer from each GGUF stays near the fp32 reference output (max-abs relative,
+// int8 activations per block), and differs from it by far more than the fp32 path does (the
+// integer kernels did run).
+TEST(GgufModel, TransformerUnderFastStaysNearTheReference) {
+  auto cfg = read_json_file(klein::testing::tiny_model_dir() / "transformer/config.json");
+  ASSERT_TRUE(cfg.ok());
+  const fs::path in = klein::testing::data_dir() / "fp8";
+  Tensor img = read_npy_or_fail(in / "hidden_states.npy").to_tensor();
+  Tensor txt = read_npy_or_fail(in / "encoder_hidden_states.npy").to_tensor();
+  const float t = read_npy_or_fail(in / "timestep.npy").to_f32()[0];
+  const Flux2Ids iid = testing::flux2_ids_of(read_npy_or_fail(in / "img_ids.npy")), tid = testing::flux2_ids_of(read_npy_or_fail(in / "txt_ids.npy"));
+  // At most AVX512_VNNI: the bf16 attention and GEMMs (AVX512_BF16, AMX) stay out, so only the
+  // GGUF linears compute differently from fp32.
+  CpuBackend backend(CpuBackendOptions{2, Isa::kAvx512Vnni, kernels::Precision::kFast});
+  RunContext ctx;
+  ctx.backend = &backend;
+  for (const std::string stem : {"tiny-flux2-comfy-Q8_0", "tiny-flux2-comfy-Q4_0", "tiny-flux2-comfy-Q5_1"}) {
+    SCOPED_TRACE(stem);
+    auto file = open_gguf(gguf_dir() / (stem + ".gguf"));
+    ASSERT_TRUE(file);
+    auto m = MappedSource::create(file, bfl_flux2_dit_map());
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    auto model = Flux2Transformer::load(*m, *cfg, "tiny transformer/config.json");
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    auto out = model->forward(img, txt, t, iid, tid, ctx);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    const std::vector<float> ref = read_npy_or_fail(gguf_dir() / ("out_" + stem + ".npy")).to_f32();
+    ASSERT_EQ(out->numel(), static_cast<int64_t>(ref.size()));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      num = std::max(num, std::fabs(static_cast<double>(out->data()[i]) - ref[i]));
+      den = std::max(den, std::fabs(static_cast<double>(ref[i])));
+    }
+    std::printf("[gguf %s] fast vs the fp32 reference: rel %.3g\n", stem.c_str(), num / den);
+    EXPECT_LE(num / den, 2e-2);  // measured 0.66-0.85 %
+    EXPECT_GT(num / den, 1e-3);  // the fp32 path: ~3e-6 (the test above)
+  }
+}
+
 // llama.cpp's Qwen3 names, as gguf-py's tensor_mapping gives them for each tensor of the tiny text
 // encoder: the map renames each back, and detection takes such a file for a Qwen3 text encoder
 // with the tiny encoder's shapes.

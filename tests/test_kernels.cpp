@@ -27,6 +27,7 @@
 #include "core/format.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
+#include "kernels/ggml_dot.h"
 #include "kernels/kernels.h"
 #include "kernels/registry.h"
 #include "kernels/scratch.h"
@@ -248,8 +249,12 @@ void check_linear_fast(const kernels::KernelSet& set, DType dt, int64_t M, int64
   std::vector<float> y(M * ldy, 7.0f), yr(M * ldy, 7.0f);
   const kernels::KernelEntry& e = set.get(kernels::Op::kLinear, dt);
   kernels::run_linear(set, x.data(), M, K, W.w, bias ? &B.w : nullptr, y.data(), pool, ldx, ldy);
-  const bool w8a8 = e.fast && dt == DType::kQ8Row;
-  if (w8a8)
+  kernels::ggml_dot::Form gf;
+  const bool ggml = e.fast && kernels::ggml_dot::form_of(dt, &gf);
+  const bool w8a8 = (e.fast && dt == DType::kQ8Row) || ggml;  // both exact: integer sums, same float steps
+  if (ggml)
+    kernels::ref::linear_ggml(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
+  else if (w8a8)
     kernels::ref::linear_w8a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
   else if (e.fast && dt == DType::kQ4G64)
     kernels::ref::linear_w4a8(x.data(), M, K, W.w, bias ? &B.w : nullptr, yr.data(), ldx, ldy);
@@ -980,6 +985,164 @@ TEST_P(Kernels, Q4G64UnpackIsBitExact) {
       const float want = fast_is_bf16 ? round_bf16(row[m]) : row[m];
       ASSERT_EQ(std::bit_cast<uint32_t>(y2[m * N + n]), std::bit_cast<uint32_t>(want)) << n << "," << m;
     }
+  }
+}
+
+// ggml block weights (GGUF) under Precision::kFast: llama.cpp's per-block int8 activations and
+// integer dot products (kernels/ggml_dot.h, ref::linear_ggml).
+constexpr DType kGgmlFormats[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+TEST(KernelsRef, GgmlActivationsQuantizedAsLlamaCpp) {
+  namespace gd = kernels::ggml_dot;
+  gd::Form f;
+  // block_q8_0 (x86 form): id = 127 / amax = 1 here, q = round half to even, d = fp16(amax / 127).
+  ASSERT_TRUE(gd::form_of(DType::kQ8_0, &f));
+  std::vector<float> x(32, 0.0f);
+  const float v[] = {127.0f, 2.5f, 3.5f, -2.5f, 0.5f, -127.0f, 1.4999f};
+  std::copy(std::begin(v), std::end(v), x.begin());
+  std::vector<int8_t> q(32);
+  float dx = -1, xs = -1;
+  int32_t bs = -1;
+  gd::quantize_act(f, x.data(), 32, q.data(), &dx, &xs, &bs);
+  EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 7), (std::vector<int8_t>{127, 2, 4, -2, 0, -127, 1}));
+  EXPECT_EQ(dx, 1.0f);
+  EXPECT_EQ(bs, 5);
+  EXPECT_EQ(xs, 5.0f);
+  std::fill(x.begin(), x.end(), 0.0f);
+  x[3] = -0.3f, x[4] = 0.1f;  // d = 0.3 / 127 rounded to fp16; q from 127 / 0.3 in float32
+  gd::quantize_act(f, x.data(), 32, q.data(), &dx, &xs, &bs);
+  EXPECT_EQ(dx, f16_to_f32(f32_to_f16(0.3f / 127.0f)));
+  EXPECT_NE(dx, 0.3f / 127.0f);
+  EXPECT_EQ(q[3], -127);
+  EXPECT_EQ(q[4], static_cast<int8_t>(std::nearbyint(0.1f * (127.0f / 0.3f))));  // 42.33 → 42
+  // block_q8_K: iscale = −127 / max for the element of largest |x| (its sign kept), q =
+  // min(127, rne(iscale · x)), d = 1 / iscale; Σq per 16 (Q6_K's sub-blocks).
+  ASSERT_TRUE(gd::form_of(DType::kQ6_K, &f));
+  std::vector<float> k(256, 0.0f);
+  k[0] = 2.0f, k[1] = 1.0f, k[5] = -4.0f, k[16] = 0.5f;
+  std::vector<int8_t> qk(256);
+  std::vector<float> dk(16), xk(16);
+  std::vector<int32_t> bk(16);
+  gd::quantize_act(f, k.data(), 256, qk.data(), dk.data(), xk.data(), bk.data());
+  EXPECT_EQ(qk[5], -127);
+  EXPECT_EQ(qk[0], 64);  // 31.75 · 2 = 63.5 → 64 (even)
+  EXPECT_EQ(qk[1], 32);  // 31.75 → 32
+  EXPECT_EQ(qk[16], 16);  // 15.875 → 16
+  EXPECT_EQ(dk[0], 1.0f / 31.75f);
+  EXPECT_EQ(dk[15], dk[0]);
+  EXPECT_EQ(bk[0], 64 + 32 - 127);
+  EXPECT_EQ(bk[1], 16);
+  k[5] = 4.0f;  // a positive max flips the codes' sign: iscale < 0
+  gd::quantize_act(f, k.data(), 256, qk.data(), dk.data(), xk.data(), bk.data());
+  EXPECT_EQ(qk[5], -127);
+  EXPECT_EQ(qk[0], -64);
+  EXPECT_EQ(dk[0], -1.0f / 31.75f);
+  // A NaN: the block's codes 0 and its scale NaN (the outputs are NaN); a zero block: d = 0.
+  k[7] = std::numeric_limits<float>::quiet_NaN();
+  gd::quantize_act(f, k.data(), 256, qk.data(), dk.data(), xk.data(), bk.data());
+  EXPECT_TRUE(std::isnan(dk[0]));
+  EXPECT_EQ(qk[5], 0);
+  std::fill(k.begin(), k.end(), 0.0f);
+  gd::quantize_act(f, k.data(), 256, qk.data(), dk.data(), xk.data(), bk.data());
+  EXPECT_EQ(dk[0], 0.0f);
+}
+
+TEST(KernelsRef, GgmlUnpackGivesTheDequantizedRow) {
+  // fw · w + o is the format table's row → f32 (ggml's dequantisation) for every element.
+  std::mt19937 rng(12);
+  for (DType dt : kGgmlFormats) {
+    kernels::ggml_dot::Form f;
+    ASSERT_TRUE(kernels::ggml_dot::form_of(dt, &f));
+    const int64_t K = 512;
+    const OwnedWeight W = random_weight(dt, 3, K, rng);
+    std::vector<int8_t> w(K);
+    std::vector<float> fw(K / f.sub), o(K / f.sub, 0.0f), ref(K);
+    for (int64_t r = 0; r < 3; ++r) {
+      kernels::ggml_dot::unpack_row(W.w, r, w.data(), fw.data(), o.data());
+      weight_row_to_f32(W.w, r, ref.data());
+      for (int64_t k = 0; k < K; ++k) {
+        const float got = fw[k / f.sub] * static_cast<float>(w[k]) + o[k / f.sub];
+        ASSERT_NEAR(got, ref[k], 1e-6f * std::max(1.0f, std::fabs(ref[k]))) << dtype_name(dt) << " row " << r << " k " << k;
+      }
+    }
+  }
+}
+
+TEST(KernelsRef, GgmlLinearIsNearTheDequantizedGemm) {
+  // The int8 activations cost ~0.5 % (relative L2) against the float32 GEMM of the dequantized
+  // weights; a wrong scale, offset or code order costs far more than the bound.
+  std::mt19937 rng(21);
+  const int64_t M = 9, N = 23, K = 512;
+  for (DType dt : kGgmlFormats) {
+    const OwnedWeight W = random_weight(dt, N, K, rng);
+    const auto x = random_vec(M * K, rng);
+    std::vector<float> y(M * N), yr(M * N);
+    kernels::ref::linear_ggml(x.data(), M, K, W.w, nullptr, y.data());
+    kernels::ref::linear(x.data(), M, K, W.w, nullptr, yr.data());
+    double dot = 0, n2 = 0, r2 = 0, e2 = 0;
+    for (int64_t i = 0; i < M * N; ++i) {
+      dot += double(y[i]) * yr[i], n2 += double(y[i]) * y[i], r2 += double(yr[i]) * yr[i];
+      e2 += (double(y[i]) - yr[i]) * (double(y[i]) - yr[i]);
+    }
+    const double rel = std::sqrt(e2 / r2), cosine = dot / std::sqrt(n2 * r2);
+    EXPECT_LT(rel, 0.02) << dtype_name(dt);
+    EXPECT_GT(cosine, 0.9995) << dtype_name(dt);
+    EXPECT_GT(rel, 0.0) << dtype_name(dt) << ": the activations were not quantized";
+  }
+}
+
+TEST_P(Kernels, GgmlLinearFastIsItsRefBitForBit) {
+  // Every SIMD kernel of this ISA against ref::linear_ggml, bit for bit: odd M and N, partial
+  // activation blocks, several slabs of weight rows, strided x and y, 1-3 threads.
+  std::mt19937 rng(55);
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType dt : kGgmlFormats) {
+    const kernels::KernelEntry& e = fast.get(kernels::Op::kLinear, dt);
+    EXPECT_TRUE(e.fast) << dtype_name(dt) << " " << e.name;
+    EXPECT_TRUE(e.name.find("ggml") != std::string_view::npos) << dtype_name(dt) << " " << e.name;
+    EXPECT_FALSE(set.get(kernels::Op::kLinear, dt).fast) << dtype_name(dt);  // fp32: the dequantized GEMM
+    const int64_t kb = format_traits(dt).block_elems;
+    check_linear_fast(fast, dt, 1, 1, kb, true, 0, pool1, rng);
+    check_linear_fast(fast, dt, 5, 7, 2 * kb, false, 3, pool2, rng);
+    check_linear_fast(fast, dt, 70, 203, 512, true, 1, pool2, rng);  // 203 rows: > 2 slabs of 96
+    check_linear_fast(fast, dt, 33, 13, 768, true, 0, pool3, rng);
+  }
+}
+
+TEST_P(Kernels, GgmlLinearFastExtremesAreExact) {
+  // Every code at its largest (all payload bits set) against activations all at ±127: the int16
+  // sums the AVX2 kernel chains before widening are at their bound and must not saturate.
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t M = 9, N = 11, K = 512;
+  for (DType dt : kGgmlFormats)
+    for (float v : {1.0f, -1.0f}) {
+      OwnedWeight W = random_weight(dt, N, K, rng);
+      std::fill(W.i8.begin(), W.i8.end(), int8_t{-1});
+      testing::make_ggml_blocks_valid(dt, W.i8.data(), W.i8.size(), 4);
+      const std::vector<float> x(M * K, v);
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (v > 0 ? " +" : " -"));
+      check_linear_fast(fast, dt, M, N, K, false, 0, pool, rng, &W, &x);
+    }
+}
+
+TEST_P(Kernels, GgmlLinearFastNaNStaysInItsRow) {
+  std::mt19937 rng(8);
+  ThreadPool pool(2);
+  const int64_t M = 11, N = 9, K = 512;
+  for (DType dt : {DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const OwnedWeight W = random_weight(dt, N, K, rng);
+    auto x = random_vec(M * K, rng);
+    x[4 * K + 300] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y(M * N), yr(M * N);
+    kernels::run_linear(fast, x.data(), M, K, W.w, nullptr, y.data(), pool);
+    kernels::ref::linear_ggml(x.data(), M, K, W.w, nullptr, yr.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        if (m == 4) EXPECT_TRUE(std::isnan(y[m * N + n])) << dtype_name(dt);
+        else EXPECT_EQ(y[m * N + n], yr[m * N + n]) << dtype_name(dt) << " " << m << "," << n;
+      }
   }
 }
 

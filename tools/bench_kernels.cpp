@@ -30,6 +30,8 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/format.h"
+#include "core/format_gguf.h"
 #include "core/host_memory.h"
 #include "core/thread_pool.h"
 #include "core/weight.h"
@@ -506,6 +508,18 @@ int main(int argc, char** argv) {
       // W4A8 without VNNI: against the vpmaddubsw + vpmaddwd peak, which it can pass, since its
       // int16 chains need one vpmaddwd per 8 vpmaddubsw (gemm_w4a8_avx2.cpp).
       {Isa::kAvx2, kernels::Precision::kFast, DType::kQ4G64, "gemm_w4a8_avx2", kMadd256},
+      // GGUF block weights (ggml's Q8_0 ... Q6_K): int8 activations per block, as llama.cpp
+      // (gemm_ggml_*.cpp); compare with the Q8_ROW (W8A8) and Q4_G64 (W4A8) rows of the same ISA.
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ8_0, "gemm_ggml_avx2", kMadd256},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ4_0, "gemm_ggml_avx2", kMadd256},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ4_K, "gemm_ggml_avx2", kMadd256},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ5_K, "gemm_ggml_avx2", kMadd256},
+      {Isa::kAvx2, kernels::Precision::kFast, DType::kQ6_K, "gemm_ggml_avx2", kMadd256},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ8_0, "gemm_ggml_avx512vnni", kVnni512},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ4_0, "gemm_ggml_avx512vnni", kVnni512},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ4_K, "gemm_ggml_avx512vnni", kVnni512},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ5_K, "gemm_ggml_avx512vnni", kVnni512},
+      {Isa::kAmx, kernels::Precision::kFast, DType::kQ6_K, "gemm_ggml_avx512vnni", kVnni512},
   };
   for (const Variant& v : variants) {
     const kernels::KernelSet set = kernels::KernelSet::select(cpu, std::min(v.ceiling, max_isa), v.precision);
@@ -562,6 +576,20 @@ int main(int argc, char** argv) {
       if (!wanted(v.kernel) && !swiglu_rows) continue;
       W.dtype = v.format;
       W.data = v.format == DType::kQ8Row ? static_cast<const void*>(hwq.get()) : hwb.get();  // Q4: any bytes
+      // ggml blocks: random bytes with finite fp16 scales (2 bytes per element cover every format).
+      const bool ggml = format_traits(v.format).scales == ScalePlace::kInBlock;
+      const size_t gbytes = ggml ? static_cast<size_t>(s.N * format_row_bytes(v.format, s.K)) : 0;
+      if (ggml) {
+        auto* p = reinterpret_cast<uint8_t*>(hwb.get());
+        int offs[2];
+        const int nh = ggml_rows::half_fields(v.format, offs);
+        const int64_t bb = format_traits(v.format).block_bytes;
+        for (size_t b = 0; b + bb <= gbytes; b += bb)
+          for (int i = 0; i < nh; ++i) {
+            const uint16_t h = f32_to_f16(0.001f + 0.01f * static_cast<float>(b % 7) / 7.0f);
+            std::memcpy(p + b + offs[i], &h, 2);
+          }
+      }
       W.scales = v.format == DType::kQ8Row ? static_cast<const void*>(ws.data())
                  : v.format == DType::kQ4G64 ? static_cast<const void*>(gs.data()) : nullptr;
       W.offsets = v.format == DType::kQ4G64 ? gb.data() : nullptr;
@@ -569,7 +597,9 @@ int main(int argc, char** argv) {
       const std::string name = std::string(v.kernel) + " " + std::string(dtype_name(v.format)) + " M=" +
                                std::to_string(s.M) + " K=" + std::to_string(s.K) + " N=" + std::to_string(s.N);
       // Bytes of W as the kernel reads them (Q4_G64: K/2 per row and two bf16 per group).
-      const size_t wbytes = v.format == DType::kQ8Row ? s.N * s.K : v.format == DType::kQ4G64 ? s.N * s.K / 2 : 2 * s.N * s.K;
+      const size_t wbytes = ggml ? gbytes
+                            : v.format == DType::kQ8Row ? s.N * s.K
+                            : v.format == DType::kQ4G64 ? s.N * s.K / 2 : 2 * s.N * s.K;
       const auto evict_w = [&] {
         evict(W.data, wbytes);
         if (v.format == DType::kQ8Row) evict(ws.data(), ws.size() * sizeof(float));

@@ -87,6 +87,13 @@ void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const We
 // float once; the kernels sum the groups in float32, so tests bound their error against this.
 void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
                  int64_t ldx = 0, int64_t ldy = 0);
+
+// The fast linear of a ggml block weight (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K): x quantized
+// per block as llama.cpp does (block_q8_0 / block_q8_K), int32 dot products per sub-block, the
+// float32 steps of kernels/ggml_dot.h in order (fused multiply-adds). The SIMD kernels
+// (gemm_ggml_*.cpp) produce exactly these bits. Throws std::invalid_argument for another format.
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx = 0, int64_t ldy = 0);
 }  // namespace ref
 
 }  // namespace klein::kernels

@@ -4,8 +4,9 @@
 // panels and expands the other formats row-wise the same way) and an AVX-512F float32 GEMM.
 // The element-wise table (Op::kElementwise, F32) has a scalar, an AVX2 and an AVX-512 row.
 // Fast rows (Precision::kFast only): W8A8 for Q8_ROW (scalar reference, AVX2, AVX-VNNI,
-// AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX-VNNI, AVX512_VNNI) and the AVX512_BF16 GEMM
-// for every other weight format; the float32 Winograd conv2d (AVX2, AVX-512F) and the
+// AVX512_VNNI), W4A8 for Q4_G64 (scalar reference, AVX2, AVX-VNNI, AVX512_VNNI), llama.cpp's
+// per-block int8 dot products for the ggml block formats (scalar reference, AVX2, AVX512_VNNI:
+// kernels/ggml_dot.h) and the AVX512_BF16 GEMM for every other weight format; the float32 Winograd conv2d (AVX2, AVX-512F) and the
 // AVX512_BF16 one for every format, and the AVX512_BF16 attention.
 #include "kernels/registry.h"
 
@@ -14,6 +15,7 @@
 
 #include "core/format.h"
 #include "kernels/cpu/scalar_kernels.h"
+#include "kernels/ggml_dot.h"
 
 #if defined(KLEIN_X86)
 #include "kernels/cpu/avx2_kernels.h"
@@ -23,6 +25,12 @@
 
 namespace klein::kernels {
 namespace {
+
+// The ggml block formats with a fast integer linear (kernels/ggml_dot.h).
+bool is_ggml_int(DType t) {
+  ggml_dot::Form f;
+  return ggml_dot::form_of(t, &f);
+}
 
 std::vector<KernelEntry> build_table() {
   std::vector<KernelEntry> t;
@@ -54,12 +62,16 @@ std::vector<KernelEntry> build_table() {
   };
   add_linear(Isa::kScalar, DType::kQ8Row, "linear_w8a8_ref", scalar::linear_w8a8, true);
   add_linear(Isa::kScalar, DType::kQ4G64, "linear_w4a8_ref", scalar::linear_w4a8, true);
+  // ggml block formats (GGUF): integer dot products on llama.cpp's per-block int8 activations.
+  for (const FormatTraits& f : format_table())
+    if (is_ggml_int(f.id)) add_linear(Isa::kScalar, f.id, "linear_ggml_ref", scalar::linear_ggml, true);
 #if defined(KLEIN_X86)
   for (const FormatTraits& f : format_table()) {
     if (!f.is_weight) continue;
     add_linear(Isa::kAvx512, f.id, "gemm_avx512", avx512::linear, false);
-    // Q8_ROW and Q4_G64 have integer kernels (below): vpdpbusd does twice vdpbf16ps's work.
-    if (f.id != DType::kQ8Row && f.id != DType::kQ4G64) {
+    // Q8_ROW, Q4_G64 and the ggml blocks have integer kernels (below): vpdpbusd does twice
+    // vdpbf16ps's work.
+    if (f.id != DType::kQ8Row && f.id != DType::kQ4G64 && !is_ggml_int(f.id)) {
       add_linear(Isa::kAvx512Bf16, f.id, "gemm_bf16_avx512bf16", avx512bf16::linear, true);
       if (f.id == DType::kBF16) t.back().linear_swiglu = avx512bf16::linear_swiglu;  // the direct driver's
     }
@@ -97,7 +109,12 @@ std::vector<KernelEntry> build_table() {
   add_linear(Isa::kAmx, DType::kQ4G64, "gemm_w4a8_amx", amx::linear_q4, true);
   t.back().linear_swiglu = amx::linear_q4_swiglu;
   for (const FormatTraits& f : format_table())
-    if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64) {
+    if (is_ggml_int(f.id)) {
+      add_linear(Isa::kAvx2, f.id, "gemm_ggml_avx2", avx2::linear_ggml, true);
+      add_linear(Isa::kAvx512Vnni, f.id, "gemm_ggml_avx512vnni", avx512vnni::linear_ggml, true);
+    }
+  for (const FormatTraits& f : format_table())
+    if (f.is_weight && f.id != DType::kQ8Row && f.id != DType::kQ4G64 && !is_ggml_int(f.id)) {
       add_linear(Isa::kAmx, f.id, "gemm_bf16_amx", amx::linear_bf16, true);
       t.back().linear_swiglu = amx::linear_bf16_swiglu;
     }

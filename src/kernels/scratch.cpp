@@ -46,8 +46,11 @@ uint64_t activation_copy_bytes(const ScratchShape& s) {
   // tiles (2), the W8A8 and W4A8 families' int8 copies (1 each, kept by their call sites), the
   // W4A8's group sums (a float per 64) and every int8 copy's row scales (a float per row, at
   // most one per 64 elements for K ≥ 64; the 4 KB covers shorter rows of small inputs).
+  // The ggml block kernels (gemm_ggml_direct.h): int8 codes (1) and, per sub-block of ≥ 16, an
+  // activation scale, a scaled sum and an integer sum (12 / 16), in blocks of 32 rows (a partial
+  // last block: counted as up to 2 ×).
   const uint64_t x = static_cast<uint64_t>(std::max<int64_t>(s.max_x, 0));
-  return 6 * x + x / 16 + 2 * (x / 16) + 4096;
+  return 6 * x + x / 16 + 2 * (x / 16) + 4096 + 2 * (x + 12 * (x / 16));
 }
 
 uint64_t scratch_bound_bytes(const ScratchShape& s, int threads) {

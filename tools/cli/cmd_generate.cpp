@@ -71,9 +71,10 @@ Command make_generate_command() {
     s->add_option("--precision", o->precision,
                   "fast (default): the CPU's dot-product kernels (bf16 GEMMs, convolutions and attention on AMX "
                   "tiles, or with AVX512_BF16 where it beats float32: not on Intel CPUs without AMX; int8 W8A8 for "
-                  "Q8_ROW weights, W4A8 for Q4_G64; without bf16 convolutions the VAE's 3x3 ones in float32 Winograd "
-                  "form), on CUDA bf16 GEMMs; fp32: float32 arithmetic on the stored weights (exact: diffusers' float32 "
-                  "pipeline; Q8_ROW / Q4_G64 weights dequantized)")
+                  "Q8_ROW weights, W4A8 for Q4_G64, int8 dot products per block for GGUF Q8_0 ... Q6_K as llama.cpp; "
+                  "without bf16 convolutions the VAE's 3x3 ones in float32 Winograd form), on CUDA bf16 GEMMs; fp32: "
+                  "float32 arithmetic on the stored weights (exact: diffusers' float32 pipeline; quantized weights "
+                  "dequantized)")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--backend", o->backend, kBackendHelp)->check(CLI::IsMember({"cpu", "cuda", "auto"}));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");

@@ -68,9 +68,9 @@ Command make_encode_command() {
     // can be given back with --prompt-embeds and give generate's own image).
     s->add_option("--precision", o->precision,
                   "fast (default): the CPU's dot-product kernels (as generate --precision fast: int8 W8A8 for "
-                  "Q8_ROW weights, W4A8 for Q4_G64, bf16 dot products for float weights on AMX or AVX512_BF16 where "
-                  "they beat float32), on CUDA bf16 GEMMs; fp32: float32 arithmetic on the stored weights (exact; Q8_ROW / "
-                  "Q4_G64 weights dequantized)")
+                  "Q8_ROW weights, W4A8 for Q4_G64, int8 dot products per block for GGUF Q8_0 ... Q6_K as llama.cpp, "
+                  "bf16 dot products for float weights on AMX or AVX512_BF16 where they beat float32), on CUDA bf16 "
+                  "GEMMs; fp32: float32 arithmetic on the stored weights (exact; quantized weights dequantized)")
         ->check(CLI::IsMember({"fp32", "fast"}));
     s->add_option("--max-memory", o->max_memory,
                   "Memory budget in GiB (0 to 1000000): stream the text encoder block by block to stay under it, or fail at once "

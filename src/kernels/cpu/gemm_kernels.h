@@ -46,6 +46,10 @@ void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 // linear_q4 with the SwiGLU fused (gemm_w4a8_direct.h).
 bool linear_q4_swiglu(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* out,
                       ThreadPool& pool, int64_t ldx, int64_t ldo, SiluMulFn silu_mul);
+// ggml block weights (GGUF Q8_0 ... Q6_K), fast: x quantized per block as llama.cpp does, int8
+// dot products per sub-block — bit-identical to ref::linear_ggml (gemm_ggml_avx512vnni.cpp).
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
 namespace amx {  // Isa::kAmx: tile products (gemm_amx.cpp)
 // Q8_ROW, W8A8 with tdpbssd: bit-identical to ref::linear_w8a8, as avx512vnni::linear_q8.
@@ -94,6 +98,9 @@ void linear_q8(const float* x, int64_t M, int64_t K, const Weight& W, const floa
 // Q4_G64 weights, W4A8 as avx512vnni::linear_q4 (the same bits) with vpmaddubsw int16 chains.
 void linear_q4(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                ThreadPool& pool, int64_t ldx, int64_t ldy);
+// ggml block weights, as avx512vnni::linear_ggml (the same bits) with vpmaddubsw (gemm_ggml_avx2.cpp).
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy);
 }
 
 }  // namespace klein::kernels

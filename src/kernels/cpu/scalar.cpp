@@ -47,6 +47,11 @@ void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const fl
   row_blocks<ref::linear_w4a8>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
 }
 
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  row_blocks<ref::linear_ggml>(x, M, K, W, bias_f32, y, pool, ldx, ldy);
+}
+
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
                int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,
                int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo) {

@@ -21,6 +21,10 @@ void linear_w8a8(const float* x, int64_t M, int64_t K, const Weight& W, const fl
 void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
                  ThreadPool& pool, int64_t ldx, int64_t ldy);
 
+// ref::linear_ggml on blocks of rows of x (ggml block weights; the fast GGUF reference).
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const float* bias_f32, float* y,
+                 ThreadPool& pool, int64_t ldx, int64_t ldy);
+
 // ref::attention per kv head (with its group of query heads).
 void attention(const float* q, const float* k, const float* v, float* out, int64_t Sq, int64_t Sk,
                int Hq, int Hkv, int D, float scale, const AttnMask& mask, ThreadPool& pool,

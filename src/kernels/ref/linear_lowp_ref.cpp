@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/format.h"
+#include "kernels/ggml_dot.h"
 #include "kernels/kernels.h"
 
 namespace klein::kernels::ref {
@@ -125,6 +126,43 @@ void linear_w4a8(const float* x, int64_t M, int64_t K, const Weight& W, const We
                static_cast<double>(scale_at(W.offsets, W.scale_dtype, n * G + g)) * xs;
       }
       y[m * ldy + n] = static_cast<float>(static_cast<double>(sx) * acc + b[n]);
+    }
+  }
+}
+
+}  // namespace klein::kernels::ref
+
+
+namespace klein::kernels::ref {
+
+void linear_ggml(const float* x, int64_t M, int64_t K, const Weight& W, const Weight* bias, float* y,
+                 int64_t ldx, int64_t ldy) {
+  ggml_dot::Form f;
+  if (!ggml_dot::form_of(W.dtype, &f))
+    throw std::invalid_argument("ref::linear_ggml: " + W.name + " is " + std::string(dtype_name(W.dtype)) +
+                                ", not a ggml block format");
+  const int64_t N = W.rows();
+  if (W.cols() != K || K % f.act_block != 0)
+    throw std::invalid_argument("ref::linear_ggml: K mismatch for " + W.name);
+  if (ldx == 0) ldx = K;
+  if (ldy == 0) ldy = N;
+  const std::vector<float> b = bias_f32(bias, N);
+  const int64_t S = K / f.sub;
+  std::vector<int8_t> w(N * K), q(K);  // the weight's codes [N, K]; one row of activation codes
+  std::vector<float> fw(N * S), o(N * S, 0.0f), dx(S), xs(S);
+  for (int64_t n = 0; n < N; ++n) ggml_dot::unpack_row(W, n, w.data() + n * K, fw.data() + n * S, o.data() + n * S);
+  for (int64_t m = 0; m < M; ++m) {
+    ggml_dot::quantize_act(f, x + m * ldx, K, q.data(), dx.data(), xs.data(), nullptr);
+    for (int64_t n = 0; n < N; ++n) {
+      const int8_t* wn = w.data() + n * K;
+      float acc = 0.0f;
+      for (int64_t j = 0; j < S; ++j) {
+        int32_t c = 0;
+        for (int64_t k = j * f.sub; k < (j + 1) * f.sub; ++k) c += int32_t{q[k]} * int32_t{wn[k]};
+        acc = std::fma(static_cast<float>(c), fw[n * S + j] * dx[j], acc);
+        if (f.mins()) acc = std::fma(xs[j], o[n * S + j], acc);
+      }
+      y[m * ldy + n] = acc + b[n];
     }
   }
 }
