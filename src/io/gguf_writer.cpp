@@ -8,7 +8,7 @@
 #include "io/atomic_file.h"
 
 namespace klein {
-namespace {
+namespace gguf_out {  // named: unity builds put this file beside the reader
 
 void put_u32(std::string& s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
@@ -22,7 +22,7 @@ void put_str(std::string& s, const std::string& v) {
 }
 uint64_t pad_to(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-}  // namespace
+}  // namespace gguf_out
 
 int ggml_type_of(DType t) {
   // The inverse of dtype_from_ggml over ggml's type ids (io/gguf.h).
@@ -43,6 +43,7 @@ uint64_t gguf_tensor_bytes(DType dtype, const std::vector<int64_t>& ne) {
 Status write_gguf(const std::filesystem::path& path, const std::vector<GgufKvOut>& kvs,
                   const std::vector<GgufTensorOut>& tensors,
                   const std::function<Status(size_t, std::vector<uint8_t>&)>& produce, uint32_t alignment) {
+  using namespace gguf_out;  // NOLINT: this function only (unity builds)
   if (alignment == 0 || alignment % 8 != 0) return invalid_argument("GGUF alignment " + std::to_string(alignment) + ": not a multiple of 8");
   std::string h = "GGUF";
   put_u32(h, 3);

@@ -11,7 +11,8 @@
 #include "io/tensor_source.h"
 
 namespace klein {
-namespace {
+// Named, not anonymous: unity builds put this file beside quantize_model.cpp (is_float, decide).
+namespace gguf_dit {
 
 // ggml type names as GGUF tools spell them, for --type gguf:<NAME>.
 constexpr std::pair<const char*, DType> kTypes[] = {
@@ -118,9 +119,10 @@ Result<std::vector<DitTensor>> plan(const TensorSource& src, DType target, GgufF
   return out;
 }
 
-}  // namespace
+}  // namespace gguf_dit
 
 Result<DType> parse_gguf_type(const std::string& type) {
+  using gguf_dit::kTypes;
   if (type.starts_with("gguf:"))
     for (const auto& [n, d] : kTypes)
       if (type.substr(5) == n) return d;
@@ -155,6 +157,7 @@ uint32_t llama_file_type(DType t) {
 }
 
 Status write_dit_gguf(const GgufDitSpec& spec) {
+  using namespace gguf_dit;  // NOLINT: this function only (unity builds)
   const TensorSource& src = *spec.source;
   KLEIN_ASSIGN_OR_RETURN(std::vector<DitTensor> tensors, plan(src, spec.type, spec.flavor));
   if (tensors.empty()) return not_found(src.origin() + ": no transformer tensors");
