@@ -25,6 +25,8 @@
 #include "io/mapped_source.h"
 #include "io/name_map.h"
 #include "io/npy.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "io/sha256.h"
 #include "io/tensor_source.h"
 #include "klein/klein.h"
@@ -308,6 +310,36 @@ TEST(GgufQuantizeCli, BadInputsAreOneLineAndLeaveNothing) {
   }
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename() != "exists.gguf";
+  EXPECT_EQ(n, 0u);
+}
+
+// A NaN in the source would make ggml's recipes convert out-of-range floats to integers: refused
+// naming the tensor, nothing written.
+TEST(GgufQuantizeCli, NonFiniteSourceWeightIsRefused) {
+  const fs::path dir = klein::testing::make_temp_dir("gguf_nan");
+  auto store = WeightStore::open(klein::testing::data_dir() / "single_file" / "tiny-flux2-bfl.safetensors");
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  std::vector<std::vector<uint8_t>> copies;
+  std::vector<TensorToWrite> ts;
+  for (const std::string& n : store->names()) {
+    const TensorEntry* e = store->entry(n);
+    copies.emplace_back(e->data, e->data + e->nbytes);
+    if (n == "double_blocks.1.img_mlp.0.weight") {
+      ASSERT_EQ(e->dtype, DType::kBF16);
+      const uint16_t nan = 0x7fc0;
+      std::memcpy(copies.back().data() + 2 * 100, &nan, 2);  // row 3 of 32 columns
+    }
+    ts.push_back({n, e->dtype, e->shape, copies.back().data()});
+  }
+  ASSERT_TRUE(write_safetensors(dir / "nan.safetensors", ts).ok());
+  auto r = klein::testing::run_cli("quantize -q --diffusion-model " + quoted(dir / "nan.safetensors") +
+                                   " --type gguf:Q8_0 -o " + quoted(dir / "nan.gguf"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("tensor 'double_blocks.1.img_mlp.0.weight' row 3 has a NaN or infinite value"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir / "nan.gguf"));
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename() != "nan.safetensors";
   EXPECT_EQ(n, 0u);
 }
 

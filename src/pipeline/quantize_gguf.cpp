@@ -1,6 +1,8 @@
 #include "pipeline/quantize_gguf.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <map>
 
 #include "core/quantize_gguf.h"
@@ -188,7 +190,9 @@ Status write_dit_gguf(const GgufDitSpec& spec) {
     }
     const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1, cols = t.shape.back();
     const int64_t rb = ggml_quant::row_bytes(t.out, cols);
-    // A 1-D tensor is one row of `cols` elements.
+    // A 1-D tensor is one row of `cols` elements. A NaN or infinity would make ggml's recipes
+    // convert out-of-range floats to integers (undefined): refused, naming the tensor.
+    std::atomic<int64_t> bad_row{-1};
     pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = r0; r < r1; ++r) {
@@ -198,9 +202,16 @@ Status write_dit_gguf(const GgufDitSpec& spec) {
           const RowSource rs = row_of(t, ws, r);
           weight_row_to_f32(*rs.w, rs.row, row.data());
         }
+        if (!std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); })) {
+          bad_row = r;
+          return;
+        }
         ggml_quant::quantize_row(t.out, row.data(), cols, bytes.data() + r * rb);
       }
     }, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, cols / 64)));
+    if (bad_row >= 0)
+      return invalid_argument(src.file_of(t.parts[0]) + ": tensor '" + t.bfl + "' row " + std::to_string(bad_row.load()) +
+                              " has a NaN or infinite value; not written");
     for (const Weight& w : ws) src.advise(w.data, w.nbytes, Residency::kDontNeed);
     if (spec.progress) spec.progress("quantize transformer", ++done, count);
     return Status::Ok();
