@@ -254,7 +254,7 @@ TEST(GgufQuantizeCli, OwnGgufGivesTheSourceModelsImage) {
   const fs::path dir = klein::testing::make_temp_dir("gguf_own");
   ASSERT_TRUE(write_tiny("F32", "comfy", dir / "f32.gguf").ok());
   ASSERT_TRUE(write_tiny("Q8_0", "sdcpp", dir / "q8.gguf").ok());
-  const std::string common = " -q -W 64 -H 48 --seed 5 --prompt 'a red cube on a table' --threads 2 --precision fp32";
+  const std::string common = " -q -W 32 -H 32 --seed 5 --prompt 'a red cube on a table' --threads 2 --precision fp32";
   auto r = klein::testing::run_cli("generate --model " + quoted(klein::testing::tiny_model_dir()) + common + " -o " +
                                    quoted(dir / "folder.png"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
