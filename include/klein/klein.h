@@ -372,7 +372,13 @@ struct QuantizeOptions {
   Variant variant = Variant::kAuto;
   std::string output;             // new folder (must not exist; written as output.tmp-* then renamed),
                                   // with a manifest.json of its files (make_manifest)
-  std::string type = "q8";        // "q8", "q4" or "bf16"
+  std::string type = "q8";        // "q8", "q4" or "bf16"; or "gguf:<T>" (T one of Q8_0 Q4_0 Q4_1 Q5_0 Q5_1
+                                  // Q2_K Q3_K Q4_K Q5_K Q6_K F16 BF16 F32): the transformer alone written as
+                                  // one GGUF file `output` (ggml's reference quantizers, bit-exact), named
+                                  // and typed as `flavor`'s producer writes it
+  std::string flavor = "comfy";   // gguf only: "comfy" (ComfyUI-GGUF: BFL names, general.architecture
+                                  // flux) or "sdcpp" (stable-diffusion.cpp: model.diffusion_model. names,
+                                  // no metadata)
   std::vector<std::string> keep;  // extra globs of tensors kept as stored
   int threads = 0;                // 0: all cores; at most kMaxThreads
   std::string verify_manifest;    // as LoadOptions::verify_manifest, for the input

@@ -13,6 +13,7 @@
 #include "io/tensor_source.h"
 #include "klein/klein.h"
 #include "pipeline/image_compare.h"
+#include "pipeline/quantize_gguf.h"
 #include "pipeline/quantize_model.h"
 #include "pipeline/tokenizer.h"
 
@@ -77,6 +78,39 @@ Status write_diffusers_folder(const api::Layout& l, const fs::path& dir) {
   return Status::Ok();
 }
 
+// --type gguf:<T>: the transformer of whatever `o` names as one GGUF file (pipeline/quantize_gguf.h).
+Status quantize_to_gguf(const QuantizeOptions& o, const Callbacks& cb) {
+  KLEIN_ASSIGN_OR_RETURN(DType type, parse_gguf_type(o.type));
+  KLEIN_ASSIGN_OR_RETURN(GgufFlavor flavor, parse_gguf_flavor(o.flavor));
+  if (!o.keep.empty()) return invalid_argument("--keep: not for --type gguf (the producer's rules decide what stays unquantized)");
+  if (o.output.empty()) return invalid_argument("quantize: give the output .gguf file (-o)");
+  std::error_code ec;
+  const fs::path out = o.output;
+  if (fs::exists(out, ec)) return invalid_argument("-o " + o.output + ": already exists; remove it or choose a new file");
+  const fs::path parent = fs::absolute(out, ec).parent_path();
+  if (!fs::is_directory(parent, ec)) return not_found("-o " + o.output + ": its folder does not exist");
+  if (!out.has_filename()) return invalid_argument("-o " + o.output + ": give a file name (.gguf), not a folder");
+  LoadOptions in;
+  in.diffusion_model = o.diffusion_model;
+  in.text_encoder = o.text_encoder;
+  in.vae = o.vae;
+  in.variant = o.variant;
+  KLEIN_ASSIGN_OR_RETURN(auto layout, api::resolve_layout(api::layout_request(o.model, in)));
+  if (!o.verify_manifest.empty()) KLEIN_RETURN_IF_ERROR(api::verify_layout(layout, o.verify_manifest, o.threads, cb.cancel));
+  if (!layout.transformer.spec) return layout.transformer.error;
+  KLEIN_ASSIGN_OR_RETURN(auto src, layout.transformer.spec->open());
+  GgufDitSpec g;
+  g.source = src;
+  g.output = out;
+  g.type = type;
+  g.flavor = flavor;
+  g.threads = o.threads;
+  g.progress = cb.progress;
+  g.cancel = cb.cancel;
+  g.log = cb.log;
+  return write_dit_gguf(g);
+}
+
 }  // namespace
 
 Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
@@ -87,6 +121,9 @@ Status quantize_model(const QuantizeOptions& o, const Callbacks& cb) {
     if (o.threads < 0 || o.threads > kMaxThreads)
       return invalid_argument("quantize: threads " + std::to_string(o.threads) + ": expected 0 (all cores) to " +
                               std::to_string(kMaxThreads));
+    if (o.type.starts_with("gguf:")) return quantize_to_gguf(o, cb);
+    if (o.flavor != "comfy" && !o.flavor.empty())
+      return invalid_argument("--flavor '" + o.flavor + "': applies to --type gguf:<TYPE> only");
     QuantizeSpec s;
     s.input = o.model;
     s.output = o.output;

@@ -20,14 +20,19 @@ Command make_quantize_command() {
   Command c;
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("quantize", "Write a model (a folder or single files) as a diffusers folder with q8, "
-                                             "q4 or bf16 weights");
+                                             "q4 or bf16 weights, or its transformer as a GGUF file");
     o->ma.add(s, kModelFileHelp);
     s->add_option("--type", o->q.type,
-                  "q8: int8 per output row (W8A8 under --precision fast); q4: MLX affine int4, group 64; bf16")
+                  "q8: int8 per output row (W8A8 under --precision fast); q4: MLX affine int4, group 64; bf16; "
+                  "gguf:Q8_0|Q4_0|Q4_1|Q5_0|Q5_1|Q2_K|Q3_K|Q4_K|Q5_K|Q6_K|F16|BF16|F32: the transformer alone as one "
+                  "GGUF file (-o FILE.gguf), ggml's reference quantizers")
         ->required();
+    s->add_option("--flavor", o->q.flavor,
+                  "gguf only: comfy (ComfyUI-GGUF: BFL names, general.architecture flux, its unquantized layers; "
+                  "default) or sdcpp (stable-diffusion.cpp: model.diffusion_model. names, no metadata)");
     s->add_option("--keep", o->q.keep,
                   "Also keep these tensors as stored (name globs, repeatable; '*' matches dots too)");
-    s->add_option("-o,--output", o->q.output, "Output folder (must not exist)")->required();
+    s->add_option("-o,--output", o->q.output, "Output folder, or .gguf file for gguf types (must not exist)")->required();
     s->add_option("--threads,-t", o->q.threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_flag("--quiet,-q", o->quiet, "No progress output");
     return s;
