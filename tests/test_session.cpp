@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "api/memory_needs.h"
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "klein/klein.h"
@@ -316,4 +317,28 @@ TEST(Session, CExampleMatchesGenerate) {
     EXPECT_TRUE(std::isinf(a->psnr)) << "seed " << seed;
   }
   fs::remove_all(dir);
+}
+
+// The memory plan counts guidance's second prediction: the negative embeddings (host and device)
+// and the second velocity.
+TEST(BaseModel, MemoryPlanCountsTheSecondPrediction) {
+  const fs::path tiny = klein::testing::tiny_model_dir();
+  auto tj = klein::read_json_file(tiny / "text_encoder" / "config.json");
+  auto dj = klein::read_json_file(tiny / "transformer" / "config.json");
+  auto vj = klein::read_json_file(tiny / "vae" / "config.json");
+  ASSERT_TRUE(tj.ok() && dj.ok() && vj.ok());
+  auto te = klein::Qwen3Config::from_json(*tj, "te");
+  auto dit = klein::Flux2Config::from_json(*dj, "dit");
+  auto vae = klein::Flux2VaeConfig::from_json(*vj, "vae");
+  ASSERT_TRUE(te.ok() && dit.ok() && vae.ok());
+  klein::api::RequestShape r;
+  r.width = 256;
+  r.height = 128;
+  const auto plain = klein::api::estimate_needs({}, *te, *dit, *vae, r);
+  r.cfg = true;
+  const auto cfg = klein::api::estimate_needs({}, *te, *dit, *vae, r);
+  const uint64_t N = (256 / 16) * (128 / 16);
+  EXPECT_EQ(cfg.dit_activations - plain.dit_activations,
+            2 * 512 * static_cast<uint64_t>(dit->joint_attention_dim) * 4 + N * dit->in_channels * 4);
+  EXPECT_EQ(cfg.te_activations, plain.te_activations);
 }
