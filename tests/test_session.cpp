@@ -342,3 +342,38 @@ TEST(BaseModel, MemoryPlanCountsTheSecondPrediction) {
             2 * 512 * static_cast<uint64_t>(dit->joint_attention_dim) * 4 + N * dit->in_channels * 4);
   EXPECT_EQ(cfg.te_activations, plain.te_activations);
 }
+
+// Given embeddings (Model::encode_prompt's) instead of the text: under guidance the negative
+// prompt is then encoded by set_prompt_embeddings; the image is encode_prompt's.
+TEST(Session, GivenEmbeddingsUnderGuidance) {
+  auto model = klein::Model::open(tiny_base());
+  ASSERT_TRUE(model.ok());
+  klein::SessionOptions o;
+  o.negative_prompt = "dark";
+  auto a = klein::Session::create(**model, o);
+  auto b = klein::Session::create(**model, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->encode_prompt("a green tree").ok());
+  auto pe = (*model)->encode_prompt("a green tree");
+  ASSERT_TRUE(pe.ok());
+  ASSERT_TRUE((*b)->set_prompt_embeddings(*pe).ok());
+  klein::DenoiseParams p;
+  p.width = 48;
+  p.height = 32;
+  p.steps = 2;
+  p.seed = 8;
+  ASSERT_TRUE((*a)->denoise(p).ok());
+  ASSERT_TRUE((*b)->denoise(p).ok());
+  auto za = (*a)->latents();
+  auto zb = (*b)->latents();
+  ASSERT_TRUE(za.ok() && zb.ok());
+  EXPECT_EQ(za->data, zb->data);
+  // Another negative prompt changes the picture (the negative embeddings are used).
+  auto c = klein::Session::create(**model);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*c)->set_prompt_embeddings(*pe).ok());
+  ASSERT_TRUE((*c)->denoise(p).ok());
+  auto zc = (*c)->latents();
+  ASSERT_TRUE(zc.ok());
+  EXPECT_NE(zc->data, za->data);
+}
