@@ -363,7 +363,8 @@ class KLEIN_API Session {
   Status set_prompt_embeddings(const FloatArray& embeds, const FloatArray& negative = {},
                                const Callbacks& callbacks = {});
   // Editing: reference image files, then in-memory images, read and preprocessed now (a bad
-  // file fails here, before any model work); the first denoise VAE-encodes them once.
+  // file fails here, before any model work); the first denoise VAE-encodes them once (with
+  // MemoryPolicy::kLow the Session then keeps the VAE mapped for its decodes, until it ends).
   Status set_references(const std::vector<std::string>& paths, const std::vector<ReferenceImage>& data = {});
   // Noise from params (seed or given noise), then the denoising loop; the latents stay in the
   // Session for decode (and latents()). Needs the prompt's embeddings.
