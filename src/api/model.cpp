@@ -190,7 +190,8 @@ Status Model::Impl::check_embeds(const Tensor& embeds) const {
 Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, float guidance_scale,
                                     const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
                                     const RunContext& ctx,
-                                    const std::function<void(int, int, const Image&)>& preview) const {
+                                    const std::function<void(int, int, const Image&)>& preview,
+                                    std::shared_ptr<const Flux2Transformer> held) const {
   KLEIN_RETURN_IF_ERROR(check_embeds(embeds));
   if (uncond) KLEIN_RETURN_IF_ERROR(check_embeds(*uncond));
   const int64_t th = g.height / 16, tw = g.width / 16;
@@ -209,8 +210,12 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, 
     sp->height = g.height;
     sp->callback = preview;
   }
-  KLEIN_ASSIGN_OR_RETURN(auto m, transformer(ctx));
-  // kLow: the transformer is released on return. The prompt embeddings go to the device once.
+  std::shared_ptr<const Flux2Transformer> m = std::move(held);
+  if (!m) {
+    KLEIN_ASSIGN_OR_RETURN(m, transformer(ctx));
+  }
+  // kLow: the transformer is released on return (unless the caller holds it). The prompt
+  // embeddings go to the device once.
   KLEIN_ASSIGN_OR_RETURN(TextCondition cond, TextCondition::make(ctx.be(), embeds, "the prompt embeddings"));
   std::optional<TextCondition> neg;
   if (uncond) {

@@ -90,9 +90,12 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   Status check_embeds(const Tensor& embeds) const;
   // uncond: the negative prompt's embeddings when classifier-free guidance runs (scale > 1),
   // else null. With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
+  // `held`: the transformer, already loaded by the caller (a batch keeps it for all its seeds);
+  // null: loaded here (kLow: released on return).
   Result<Tensor> denoise(const Tensor& embeds, const Tensor* uncond, float guidance_scale,
                          const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
-                         const RunContext& ctx, const std::function<void(int, int, const Image&)>& preview = {}) const;
+                         const RunContext& ctx, const std::function<void(int, int, const Image&)>& preview = {},
+                         std::shared_ptr<const Flux2Transformer> held = nullptr) const;
 };
 
 // The noise for a request: `given` (checked against the size; `name` names it in errors) or

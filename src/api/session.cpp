@@ -26,6 +26,7 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
   int64_t ref_tokens = 0;
   bool refs_set = false;
   std::shared_ptr<const Flux2Vae> vae;  // held from the references' encode to a decode (editing)
+  std::shared_ptr<const Flux2Transformer> dit;  // held by a batch across its denoises (else null)
 
   std::optional<Tensor> latents;  // the last denoise's [1, 128, th, tw]
   Model::Impl::Geometry g;
@@ -114,7 +115,7 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
     KLEIN_RETURN_IF_ERROR(encode_references(ctx));
     latents.reset();
     KLEIN_ASSIGN_OR_RETURN(Tensor z, m->denoise(*cond, uncond ? &*uncond : nullptr, gd.scale, ref_latents, geo,
-                                                std::move(noise), ctx, preview));
+                                                std::move(noise), ctx, preview, dit));
     latents = std::move(z);
     g = geo;
     return Status::Ok();
@@ -287,12 +288,24 @@ Result<std::vector<GenerateResult>> Model::generate_batch(const GenerateRequest&
     const RunContext ctx = api::make_run_context(*m.engine, &dumper, cb);
     KLEIN_RETURN_IF_ERROR(s.encode(req.prompt, std::move(given_embeds), std::nullopt, ctx));
 
-    std::vector<GenerateResult> results;
+    // Several seeds: every denoise first, with the transformer loaded once for all of them, then
+    // every decode (kLow keeps one of the two in memory at a time, as for one image).
+    std::vector<Tensor> latents;
+    if (seeds.size() > 1) {
+      KLEIN_RETURN_IF_ERROR(s.encode_references(ctx));
+      KLEIN_ASSIGN_OR_RETURN(s.dit, m.transformer(ctx));
+    }
     for (size_t k = 0; k < seeds.size(); ++k) {
       if (k > 0) {
         KLEIN_ASSIGN_OR_RETURN(noise, make_noise(nullptr, "", g.width, g.height, seeds[k], req.bf16_noise));
       }
       KLEIN_RETURN_IF_ERROR(s.denoise(g, std::move(noise), ctx, cb.preview));
+      latents.push_back(std::move(*s.latents));
+    }
+    s.dit.reset();
+    std::vector<GenerateResult> results;
+    for (size_t k = 0; k < seeds.size(); ++k) {
+      s.latents = std::move(latents[k]);
       KLEIN_ASSIGN_OR_RETURN(Tensor image, s.decode(ctx));
       KLEIN_RETURN_IF_ERROR(dumper.status());
 
