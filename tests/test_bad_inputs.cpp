@@ -86,7 +86,7 @@ std::vector<Case> cases() {
   add("ModelIndexNotJson", 1, "model_index.json", [](const Ctx& x) { spit_file(own(x.file("model_index.json")), "{nope"); return x.gen(); });
   add("ModelIndexNoVae", 1, "\"vae\"", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j.erase("vae"); }); return x.gen(); });
   add("VaeFolderMissing", 1, "vae", [](const Ctx& x) { fs::remove_all(x.file("vae")); return x.gen(); });
-  add("NotDistilled", 1, "is_distilled", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j["is_distilled"] = false; }); return x.gen(); });
+  add("IsDistilledNotABool", 1, "is_distilled", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j["is_distilled"] = "no"; }); return x.gen(); });
   add("OtherPipeline", 1, "model_index.json", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j["_class_name"] = "FluxPipeline"; }); return x.gen(); });
   add("TextEncoderClass", 1, "model_index.json", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j["text_encoder"][1] = "T5EncoderModel"; }); return x.gen(); });
   add("EntryNotAPair", 1, "model_index.json", [](const Ctx& x) { edit_json(x.file("model_index.json"), [](auto& j) { j["vae"] = {"diffusers"}; }); return x.gen(); });

@@ -308,27 +308,30 @@ TEST(Layout, CApiOpensThreeFilesWithoutAModelPath) {
   klein_image_free(img);
   klein_model_free(model);
 
-  lp.variant = KLEIN_VARIANT_BASE;
-  EXPECT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_UNSUPPORTED);
-  EXPECT_NE(std::string(err.message).find("--variant base"), std::string::npos) << err.message;
+  lp.variant = KLEIN_VARIANT_BASE;  // base models run (classifier-free guidance)
+  ASSERT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_OK) << err.message;
+  klein_model_free(model);
   lp.variant = 7;
   EXPECT_EQ(klein_model_open(nullptr, &lp, &model, &err), KLEIN_INVALID_ARGUMENT);
 }
 
 // ---- variants -------------------------------------------------------------------------------------
 
-TEST(Layout, BaseVariantIsRefused) {
+TEST(Layout, BaseVariantRunsWithGuidance) {
   LoadOptions o;
   o.variant = Variant::kBase;
   auto m = Model::open(single("tiny-flux2-all-in-one.safetensors").string(), o);
-  ASSERT_FALSE(m.ok());
-  EXPECT_EQ(m.status().code(), Code::kUnsupported);
-  EXPECT_NE(m.status().message().find("base (undistilled) generation needs classifier-free guidance"),
-            std::string::npos);
-  auto r = run_cli("generate -q --variant base --model " + q(single("tiny-flux2-all-in-one.safetensors")) +
-                   " --prompt a -o " + q(testing::make_temp_dir("layout_base") / "x.png"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("--variant base"), std::string::npos) << r.err;
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_FALSE((*m)->distilled());
+  auto s = Session::create(**m);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE((*s)->guided());
+  EXPECT_EQ((*s)->guidance_scale(), 4.0f);
+  const fs::path out = testing::make_temp_dir("layout_base") / "x.png";
+  auto r = run_cli("generate -q --variant base --steps 2 -W 32 -H 32 --model " +
+                   q(single("tiny-flux2-all-in-one.safetensors")) + " --prompt a -o " + q(out));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out));
 }
 
 TEST(Layout, BaseInAFileNameIsNotedWhenRunAsDistilled) {

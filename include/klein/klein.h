@@ -3,7 +3,11 @@
 // Two ways in:
 //   * klein::Model — open a diffusers folder once (configs, scheduler and tokenizer parsed once;
 //     with MemoryPolicy::kResident the weights mapped once too) and run any number of requests,
-//     whole (generate) or phase by phase (encode_prompt, encode_references, denoise, decode).
+//     whole (generate, generate_batch) or phase by phase (encode_prompt, encode_references,
+//     denoise, decode).
+//   * klein::Session — one request's state on a Model (prompt embeddings, references, latents):
+//     phases encode_prompt, set_references, denoise, decode, with classifier-free guidance for
+//     base models and several seeds per encoded prompt. Model::generate is a Session underneath.
 //   * klein::generate(GenerateOptions) — one-shot convenience: opens, runs, closes.
 //
 // Every call returns a Status (or Result<T>); no exception ever leaves the library (an
@@ -95,7 +99,7 @@ enum class Variant {
   kAuto,       // a folder's is_distilled; for single files distilled (with a note when a file
                // name contains "base")
   kDistilled,  // the 4-step distilled model
-  kBase,       // the undistilled base model: needs classifier-free guidance, not supported yet
+  kBase,       // the undistilled base model: classifier-free guidance (scale 4.0) and 50 steps by default
 };
 
 struct LoadOptions {
@@ -172,7 +176,7 @@ struct EncodeOptions {
 struct DenoiseParams {
   int width = 0;    // 0: the first reference's width, else 1024; floored to a multiple of 16
   int height = 0;   // 0: the first reference's height, else 1024; floored to a multiple of 16
-  int steps = 0;    // 0: 4 (distilled models)
+  int steps = 0;    // 0: 4 for distilled models, 50 for base models (diffusers' default)
   uint64_t seed = 0;
   bool bf16_noise = false;   // draw the noise as torch does for a bfloat16 pipeline
   FloatArray noise;          // if not empty: the initial noise [1, 128, H/16, W/16] instead of `seed`
@@ -191,6 +195,9 @@ struct ReferenceImage {
 struct GenerateRequest {
   std::string prompt;
   int width = 0, height = 0, steps = 0;  // as DenoiseParams
+  // Classifier-free guidance, as SessionOptions (base models; distilled ones ignore it).
+  double guidance_scale = -1;
+  std::string negative_prompt;
   uint64_t seed = 0;
   std::string noise_npy;     // if set: initial noise (1, 128, H/16, W/16) from this .npy
   // If set: prompt_embeds [1, T, 3·hidden] (float32 .npy, e.g. from `klein encode`) used instead of
@@ -270,17 +277,25 @@ class KLEIN_API Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // The whole pipeline: encode_prompt, encode_references, denoise, decode. References are read
-  // and checked before any model work. With kLow the VAE is mapped once per request (it encodes
-  // the references and decodes the result); with kResident no file is opened besides the
-  // request's own inputs (reference images, noise) and dumps.
+  // The whole pipeline on a Session: encode_prompt, set_references, denoise, decode. References,
+  // noise and given embeddings are read and checked (and a memory budget planned) before any
+  // model work. With kLow the VAE is mapped once per request (it encodes the references and
+  // decodes the result); with kResident no file is opened besides the request's own inputs
+  // (reference images, noise) and dumps.
   Result<GenerateResult> generate(const GenerateRequest& request, const Callbacks& callbacks = {});
+  // One image per seed (request.seed is not used; request.noise_npy must be empty): the prompt
+  // and the references are encoded once, then each seed is denoised and decoded. Image i is the
+  // one generate() gives for seeds[i]. At most 64 seeds.
+  Result<std::vector<GenerateResult>> generate_batch(const GenerateRequest& request, const std::vector<uint64_t>& seeds,
+                                                     const Callbacks& callbacks = {});
 
   Result<PromptEmbeddings> encode_prompt(const std::string& prompt, const EncodeOptions& options = {},
                                          const Callbacks& callbacks = {});
   Result<ReferenceLatents> encode_references(const std::vector<std::string>& paths, const Callbacks& callbacks = {},
                                              const DumpOptions& dump = {});
-  // progress("denoise", step, steps) after each step; the result is finite or an error.
+  // progress("denoise", step, steps) after each step; the result is finite or an error. Base
+  // models at a guidance scale > 1 need the negative prompt too: a Session runs them (this call
+  // refuses them).
   Result<Latents> denoise(const PromptEmbeddings& prompt, const ReferenceLatents& references,
                           const DenoiseParams& params, const Callbacks& callbacks = {});
   Result<Image> decode(const Latents& latents, const Callbacks& callbacks = {}, const DumpOptions& dump = {});
@@ -297,11 +312,78 @@ class KLEIN_API Model {
   // What runs the models: "cpu" or "cuda" (what BackendKind::kAuto chose); "" for a
   // tokenizer-only model.
   std::string backend_name() const;
+  // False for a base (undistilled) model: classifier-free guidance and 50 steps by default.
+  bool distilled() const;
 
   struct Impl;
 
  private:
+  friend class Session;
   explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// What a Session runs with.
+struct SessionOptions {
+  // Classifier-free guidance scale; < 0: 4.0 (diffusers' guidance_scale default). Guidance runs
+  // on base models when the scale is > 1 (two transformer calls per step,
+  // v = v_neg + scale·(v − v_neg), as Flux2KleinPipeline); distilled models ignore it, with a
+  // note through Callbacks::log when a scale > 1 was asked for. At most 100.
+  double guidance_scale = -1;
+  // The unconditional prompt of guidance (diffusers: "", its only choice).
+  std::string negative_prompt;
+};
+
+// One request's state on a Model: the prompt's embeddings (and the negative prompt's under
+// guidance), the reference images and their latents, the last denoise's latents. The Model is
+// not changed and may serve other Sessions, one after another or between this one's phases
+// (phases of all Sessions on one Model are serialised, as Model's calls are); it must outlive
+// the Session.
+//
+// Phases, in order: encode_prompt (or set_prompt_embeddings); set_references (optional, editing;
+// before the first denoise); denoise; decode. denoise + decode may be repeated with other seeds:
+// the prompt and the references are encoded once. A phase called out of order fails with
+// Code::kInvalidArgument naming the phase it needs. Not thread-safe: one thread per Session.
+class KLEIN_API Session {
+ public:
+  // Fails on a tokenizer-only model, or a guidance scale that is not a number up to 100.
+  static Result<std::unique_ptr<Session>> create(const Model& model, const SessionOptions& options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Whether classifier-free guidance runs, and at which scale (1 when it does not).
+  bool guided() const;
+  float guidance_scale() const;
+
+  // The prompt (and, with guidance, the negative prompt) through the text encoder, loaded once
+  // for both. Dumps prompt_embeds (and negative_prompt_embeds).
+  Status encode_prompt(const std::string& prompt, const Callbacks& callbacks = {}, const DumpOptions& dump = {});
+  // Instead of encode_prompt: given embeddings [1, T <= 512, joint_attention_dim] (e.g. from
+  // Model::encode_prompt or `klein encode`), finite. With guidance, `negative` (same width;
+  // empty: the negative prompt is encoded here).
+  Status set_prompt_embeddings(const FloatArray& embeds, const FloatArray& negative = {},
+                               const Callbacks& callbacks = {});
+  // Editing: reference image files, then in-memory images, read and preprocessed now (a bad
+  // file fails here, before any model work); the first denoise VAE-encodes them once (with
+  // MemoryPolicy::kLow the Session then keeps the VAE mapped for its decodes, until it ends).
+  Status set_references(const std::vector<std::string>& paths, const std::vector<ReferenceImage>& data = {});
+  // Noise from params (seed or given noise), then the denoising loop; the latents stay in the
+  // Session for decode (and latents()). Needs the prompt's embeddings.
+  Status denoise(const DenoiseParams& params, const Callbacks& callbacks = {});
+  // The last denoise's latents [1, 128, H/16, W/16].
+  Result<Latents> latents() const;
+  // The last denoise's latents through the VAE. Needs a denoise.
+  Result<Image> decode(const Callbacks& callbacks = {}, const DumpOptions& dump = {});
+  // The last denoise's size and step count (0 before one).
+  int width() const;
+  int height() const;
+  int steps() const;
+
+  struct Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -7,7 +7,7 @@
  *   - Parameter structs are plain data: start from klein_*_default_params() and set fields.
  *   - Strings are UTF-8, borrowed for the duration of the call only.
  *   - Objects returned through an out-pointer belong to the caller: klein_model_free,
- *     klein_image_free. Both accept NULL.
+ *     klein_session_free, klein_image_free. All accept NULL.
  *   - Callbacks run on the calling thread; `user_data` is passed back unchanged.
  *   - One model serves one call at a time (concurrent calls on it wait for each other).
  */
@@ -61,10 +61,11 @@ typedef enum klein_backend {
 typedef enum klein_variant {
   KLEIN_VARIANT_AUTO = 0,      /* a folder's is_distilled; single files: distilled (default) */
   KLEIN_VARIANT_DISTILLED = 1,
-  KLEIN_VARIANT_BASE = 2       /* refused at open: base (CFG) generation is not supported yet */
+  KLEIN_VARIANT_BASE = 2       /* the base model: classifier-free guidance (4.0) and 50 steps by default */
 } klein_variant;
 
-typedef struct klein_model klein_model; /* opaque */
+typedef struct klein_model klein_model;     /* opaque */
+typedef struct klein_session klein_session; /* opaque: one request's state on a model (klein.h Session) */
 
 /* An 8-bit RGB image, row-major, height * width * 3 bytes. */
 typedef struct klein_image {
@@ -118,10 +119,34 @@ typedef struct klein_generate_params {
   /* NULL or a float32 .npy with prompt embeddings [1, T <= 512, joint_attention_dim] (as written by
    * `klein encode` or a --dump's prompt_embeds.npy), used instead of the text encoder. */
   const char* prompt_embeds_npy;
+  /* Classifier-free guidance on base models (klein.h SessionOptions): < 0 (the default params'
+   * -1): 4.0; guidance runs above 1; distilled models ignore it (with a note through log). */
+  double guidance_scale;
+  const char* negative_prompt; /* NULL: "" (diffusers' only negative prompt) */
 } klein_generate_params;
+
+/* A Session (klein.h): encode the prompt once, then denoise + decode any number of seeds. */
+typedef struct klein_session_params {
+  double guidance_scale;        /* < 0: 4.0 (default -1); as klein_generate_params */
+  const char* negative_prompt;  /* NULL: "" */
+  klein_progress_fn progress;   /* callbacks of every phase of the session (NULL: none) */
+  klein_log_fn log;
+  klein_cancel_fn cancel;
+  klein_preview_fn preview;
+  void* user_data;
+} klein_session_params;
+
+typedef struct klein_denoise_params {
+  int width, height;  /* 0: the first reference's size, else 1024; floored to multiples of 16 */
+  int steps;          /* 0: 4 for distilled models, 50 for base models */
+  uint64_t seed;
+  int bf16_noise;     /* non-zero: draw the noise as a bfloat16 torch pipeline does */
+} klein_denoise_params;
 
 KLEIN_API klein_load_params klein_load_default_params(void);
 KLEIN_API klein_generate_params klein_generate_default_params(void);
+KLEIN_API klein_session_params klein_session_default_params(void);
+KLEIN_API klein_denoise_params klein_denoise_default_params(void);
 
 /* Opens a model (configs, scheduler, tokenizer parsed once): a diffusers folder or one safetensors / GGUF file
    (path may be NULL or "" when params names the component files). params may be NULL. */
@@ -131,6 +156,24 @@ KLEIN_API klein_status klein_model_open(const char* path, const klein_load_param
 KLEIN_API klein_status klein_model_generate(klein_model* model, const klein_generate_params* params,
                                             klein_image** out, klein_error* err);
 KLEIN_API void klein_model_free(klein_model* model);
+
+/* A session on `model` (which must outlive it; other sessions may use the model in between).
+   params may be NULL. Phases in order: encode_prompt, set_references (optional), denoise, decode;
+   denoise + decode may repeat with other seeds. Out of order: KLEIN_INVALID_ARGUMENT. */
+KLEIN_API klein_status klein_session_create(klein_model* model, const klein_session_params* params,
+                                            klein_session** out, klein_error* err);
+/* The prompt (and, under guidance, the negative prompt) through the text encoder, once. */
+KLEIN_API klein_status klein_session_encode_prompt(klein_session* session, const char* prompt, klein_error* err);
+/* Editing: num_paths reference image files (PNG/JPEG/WebP), before the first denoise. */
+KLEIN_API klein_status klein_session_set_references(klein_session* session, const char* const* paths, int num_paths,
+                                                    klein_error* err);
+KLEIN_API klein_status klein_session_denoise(klein_session* session, const klein_denoise_params* params,
+                                             klein_error* err);
+/* The last denoise's latents through the VAE; *out receives a new image (klein_image_free). */
+KLEIN_API klein_status klein_session_decode(klein_session* session, klein_image** out, klein_error* err);
+/* Non-zero when classifier-free guidance runs (a base model at a scale > 1). */
+KLEIN_API int klein_session_guided(const klein_session* session);
+KLEIN_API void klein_session_free(klein_session* session);
 
 /* Writes the image as PNG (atomically: temporary file + rename). */
 KLEIN_API klein_status klein_image_save_png(const klein_image* image, const char* path, klein_error* err);

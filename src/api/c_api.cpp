@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "api/guard.h"
 #include "klein/klein.h"
@@ -10,6 +12,11 @@
 
 struct klein_model {
   std::unique_ptr<klein::Model> model;
+};
+
+struct klein_session {
+  std::unique_ptr<klein::Session> session;
+  klein::Callbacks cb;
 };
 
 namespace {
@@ -28,6 +35,36 @@ klein_status report(const klein::Status& s, klein_error* err) {
     }
   }
   return static_cast<klein_status>(s.code());
+}
+
+// The C callbacks as klein::Callbacks (capturing copies of the pointers).
+template <class P>
+klein::Callbacks c_callbacks(const P& p) {
+  klein::Callbacks cb;
+  if (p.progress) cb.progress = [p](const std::string& phase, int d, int t) { p.progress(phase.c_str(), d, t, p.user_data); };
+  if (p.log) cb.log = [p](const std::string& m) { p.log(m.c_str(), p.user_data); };
+  if (p.cancel) cb.cancel = [p]() { return p.cancel(p.user_data) != 0; };
+  if (p.preview)
+    cb.preview = [p](int step, int total, const klein::Image& img) {
+      klein_image view{img.width, img.height, const_cast<unsigned char*>(img.rgb.data())};
+      p.preview(step, total, &view, p.user_data);
+    };
+  return cb;
+}
+
+// A malloc'ed copy of `img` for the C caller (freed with klein_image_free).
+klein_image* c_image(const klein::Image& img) {
+  auto* ci = static_cast<klein_image*>(std::malloc(sizeof(klein_image)));
+  if (!ci) throw std::bad_alloc();
+  ci->width = img.width;
+  ci->height = img.height;
+  ci->rgb = static_cast<unsigned char*>(std::malloc(img.rgb.size() ? img.rgb.size() : 1));
+  if (!ci->rgb) {
+    std::free(ci);
+    throw std::bad_alloc();
+  }
+  std::memcpy(ci->rgb, img.rgb.data(), img.rgb.size());
+  return ci;
 }
 
 }  // namespace
@@ -53,6 +90,20 @@ klein_load_params klein_load_default_params(void) {
 
 klein_generate_params klein_generate_default_params(void) {
   klein_generate_params p;
+  std::memset(&p, 0, sizeof p);
+  p.guidance_scale = -1;
+  return p;
+}
+
+klein_session_params klein_session_default_params(void) {
+  klein_session_params p;
+  std::memset(&p, 0, sizeof p);
+  p.guidance_scale = -1;
+  return p;
+}
+
+klein_denoise_params klein_denoise_default_params(void) {
+  klein_denoise_params p;
   std::memset(&p, 0, sizeof p);
   return p;
 }
@@ -120,42 +171,102 @@ klein_status klein_model_generate(klein_model* model, const klein_generate_param
     req.seed = params->seed;
     req.noise_npy = params->noise_npy ? params->noise_npy : "";
     req.bf16_noise = params->bf16_noise != 0;
+    req.guidance_scale = params->guidance_scale;
+    if (params->negative_prompt) req.negative_prompt = params->negative_prompt;
     for (int i = 0; i < params->num_reference_images; ++i) {
       if (!params->reference_images[i])
         return klein::invalid_argument("klein_model_generate: reference_images[" + std::to_string(i) + "] is NULL");
       req.reference_images.emplace_back(params->reference_images[i]);
     }
-    const klein_generate_params p = *params;  // the callbacks capture a copy
-    klein::Callbacks cb;
-    if (p.progress) cb.progress = [p](const std::string& phase, int d, int t) { p.progress(phase.c_str(), d, t, p.user_data); };
-    if (p.log) cb.log = [p](const std::string& m) { p.log(m.c_str(), p.user_data); };
-    if (p.cancel) cb.cancel = [p]() { return p.cancel(p.user_data) != 0; };
-    if (p.preview)
-      cb.preview = [p](int step, int total, const klein::Image& img) {
-        klein_image view{img.width, img.height, const_cast<unsigned char*>(img.rgb.data())};
-        p.preview(step, total, &view, p.user_data);
-      };
+    const klein::Callbacks cb = c_callbacks(*params);
     auto r = model->model->generate(req, cb);
     if (!r.ok()) return r.status();
-    const klein::Image& img = r->image;
     // malloc, not new: the image is a C object the caller may inspect and frees with klein_image_free.
-    auto* ci = static_cast<klein_image*>(std::malloc(sizeof(klein_image)));
-    if (!ci) throw std::bad_alloc();
-    ci->width = img.width;
-    ci->height = img.height;
-    ci->rgb = static_cast<unsigned char*>(std::malloc(img.rgb.size() ? img.rgb.size() : 1));
-    if (!ci->rgb) {
-      std::free(ci);
-      throw std::bad_alloc();
-    }
-    std::memcpy(ci->rgb, img.rgb.data(), img.rgb.size());
-    *out = ci;
+    *out = c_image(r->image);
     return klein::Status::Ok();
   });
   return report(s, err);
 }
 
 void klein_model_free(klein_model* model) { delete model; }
+
+klein_status klein_session_create(klein_model* model, const klein_session_params* params, klein_session** out,
+                                  klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_create", [&]() -> klein::Status {
+    if (!out) return klein::invalid_argument("klein_session_create: out is NULL");
+    *out = nullptr;
+    if (!model || !model->model) return klein::invalid_argument("klein_session_create: model is NULL");
+    const klein_session_params p = params ? *params : klein_session_default_params();
+    klein::SessionOptions o;
+    o.guidance_scale = p.guidance_scale;
+    if (p.negative_prompt) o.negative_prompt = p.negative_prompt;
+    auto r = klein::Session::create(*model->model, o);
+    if (!r.ok()) return r.status();
+    *out = new klein_session{std::move(r).value(), c_callbacks(p)};
+    return klein::Status::Ok();
+  });
+  return report(s, err);
+}
+
+klein_status klein_session_encode_prompt(klein_session* session, const char* prompt, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_encode_prompt", [&]() -> klein::Status {
+    if (!session || !session->session) return klein::invalid_argument("klein_session_encode_prompt: session is NULL");
+    if (!prompt) return klein::invalid_argument("klein_session_encode_prompt: prompt is NULL");
+    return session->session->encode_prompt(prompt, session->cb);
+  });
+  return report(s, err);
+}
+
+klein_status klein_session_set_references(klein_session* session, const char* const* paths, int num_paths,
+                                          klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_set_references", [&]() -> klein::Status {
+    if (!session || !session->session) return klein::invalid_argument("klein_session_set_references: session is NULL");
+    if (num_paths < 0 || (num_paths > 0 && !paths))
+      return klein::invalid_argument("klein_session_set_references: paths does not hold num_paths paths");
+    std::vector<std::string> v;
+    for (int i = 0; i < num_paths; ++i) {
+      if (!paths[i])
+        return klein::invalid_argument("klein_session_set_references: paths[" + std::to_string(i) + "] is NULL");
+      v.emplace_back(paths[i]);
+    }
+    return session->session->set_references(v);
+  });
+  return report(s, err);
+}
+
+klein_status klein_session_denoise(klein_session* session, const klein_denoise_params* params, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_denoise", [&]() -> klein::Status {
+    if (!session || !session->session) return klein::invalid_argument("klein_session_denoise: session is NULL");
+    const klein_denoise_params p = params ? *params : klein_denoise_default_params();
+    klein::DenoiseParams d;
+    d.width = p.width;
+    d.height = p.height;
+    d.steps = p.steps;
+    d.seed = p.seed;
+    d.bf16_noise = p.bf16_noise != 0;
+    return session->session->denoise(d, session->cb);
+  });
+  return report(s, err);
+}
+
+klein_status klein_session_decode(klein_session* session, klein_image** out, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_decode", [&]() -> klein::Status {
+    if (!out) return klein::invalid_argument("klein_session_decode: out is NULL");
+    *out = nullptr;
+    if (!session || !session->session) return klein::invalid_argument("klein_session_decode: session is NULL");
+    auto r = session->session->decode(session->cb);
+    if (!r.ok()) return r.status();
+    *out = c_image(*r);
+    return klein::Status::Ok();
+  });
+  return report(s, err);
+}
+
+int klein_session_guided(const klein_session* session) {
+  return session && session->session && session->session->guided() ? 1 : 0;
+}
+
+void klein_session_free(klein_session* session) { delete session; }
 
 klein_status klein_image_save_png(const klein_image* image, const char* path, klein_error* err) {
   const klein::Status s = klein::api::guarded("klein_image_save_png", [&]() -> klein::Status {

@@ -108,6 +108,9 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   n.dit_activations = S * (4 * D + 3 * D + 2 * hd) * kF + R * (2 * Fm + D + Fm) * kF +
                       L * dit.joint_attention_dim * kF + (8 * N + r.ref_tokens) * dit.in_channels * kF +
                       static_cast<uint64_t>(r.width * r.height) * 3 * kF;
+  // Guidance: the negative prompt's embeddings (on the host and the device) and the second
+  // velocity [N, 128] next to the first.
+  if (r.cfg) n.dit_activations += 2 * L * dit.joint_attention_dim * kF + N * dit.in_channels * kF;
 
   // VAE decode: about three activations of the widest full-resolution block (Flux2Vae::tile_size),
   // the image, and the latent-level activations kept whole while tiling.

@@ -33,6 +33,7 @@ struct RequestShape {
   int64_t ref_tokens = 0;         // reference image tokens (editing)
   int threads = 1;
   bool editing = false;
+  bool cfg = false;               // classifier-free guidance: negative embeddings, a second velocity
 };
 MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Flux2Config& dit,
                            const Flux2VaeConfig& vae, const RequestShape& r);

@@ -1,6 +1,7 @@
 // klein::Model: open once, run many requests. Every public body runs under api::guarded, so no
 // exception crosses the API.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #if defined(__GLIBC__)  // (defined by the libc headers above)
 #include <malloc.h>
@@ -44,6 +45,12 @@ Result<Tensor> to_tensor(const FloatArray& a, const std::string& what) {
   return t;
 }
 
+std::string format_scale(double g) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", g);
+  return buf;
+}
+
 // ---- Impl -------------------------------------------------------------------------------------
 
 Status Model::Impl::require_full_model(const char* what) const {
@@ -52,12 +59,12 @@ Status Model::Impl::require_full_model(const char* what) const {
   return Status::Ok();
 }
 
-Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() {
+Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() const {
   if (te) return te;
   return api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend);
 }
 
-Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) {
+Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) const {
   if (dit) return dit;
   ctx.report("load transformer", 0, 1);
   KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_spec, *engine->backend));
@@ -65,7 +72,7 @@ Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const R
   return m;
 }
 
-Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() {
+Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() const {
   if (vae) return vae;
   return api::load_vae(vae_spec, *engine->backend);
 }
@@ -82,7 +89,7 @@ VaeTiling Model::Impl::vae_tiling() const {
 }
 
 Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
-                                 const std::function<void(const std::string&)>& log, bool encode_only) {
+                                 const std::function<void(const std::string&)>& log, bool encode_only, bool cfg) const {
   plan.reset();
   if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
   api::RequestShape r;
@@ -90,6 +97,7 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.height = height;
   r.ref_tokens = ref_tokens;
   r.editing = ref_tokens > 0;
+  r.cfg = cfg;
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
   // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
@@ -126,23 +134,49 @@ Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int st
     g.width = w16;
     g.height = h16;
   }
-  g.steps = steps > 0 ? steps : 4;
+  g.steps = steps > 0 ? steps : (distilled ? 4 : 50);  // diffusers' 50; BFL's 4 for distilled models
   if (steps < 0 || g.steps > 1000) return invalid_argument("steps must be between 1 and 1000");
   return g;
 }
 
-Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx) {
-  KLEIN_ASSIGN_OR_RETURN(auto enc, text_encoder());
-  if (plan && plan->stream_te) {
-    api::BlockStreamer streamer(*enc);
-    return klein::encode_prompt(*tokenizer, *enc, prompt, streamer.hooked(ctx), max_length);
-  }
-  return klein::encode_prompt(*tokenizer, *enc, prompt, ctx, max_length);  // kLow: `enc` released here
+Result<Model::Impl::Guidance> Model::Impl::guidance(double requested,
+                                                     const std::function<void(const std::string&)>& log) const {
+  if (!std::isfinite(requested) || requested > 100)
+    return invalid_argument("guidance scale " + std::to_string(requested) + ": must be a number up to 100");
+  Guidance g;
+  g.scale = requested < 0 ? 4.0f : static_cast<float>(requested);  // diffusers' default guidance_scale
+  // diffusers' do_classifier_free_guidance: guidance_scale > 1 and not is_distilled.
+  g.cfg = !distilled && g.scale > 1.0f;
+  if (distilled && requested > 1 && log)  // as the pipeline's check_inputs warns
+    log("guidance scale " + format_scale(requested) +
+        " is ignored: this is a step-wise distilled model (no classifier-free guidance)");
+  return g;
 }
 
-Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
-                                    Tensor noise, const RunContext& ctx,
-                                    const std::function<void(int, int, const Image&)>& preview) {
+Result<std::vector<PromptEncoding>> Model::Impl::encode_prompts(const std::vector<std::string>& prompts,
+                                                                int max_length, const RunContext& ctx) const {
+  KLEIN_ASSIGN_OR_RETURN(auto enc, text_encoder());  // kLow: released on return
+  std::vector<PromptEncoding> r;
+  for (const std::string& prompt : prompts) {
+    if (plan && plan->stream_te) {
+      api::BlockStreamer streamer(*enc);
+      KLEIN_ASSIGN_OR_RETURN(auto e, klein::encode_prompt(*tokenizer, *enc, prompt, streamer.hooked(ctx), max_length));
+      r.push_back(std::move(e));
+    } else {
+      KLEIN_ASSIGN_OR_RETURN(auto e, klein::encode_prompt(*tokenizer, *enc, prompt, ctx, max_length));
+      r.push_back(std::move(e));
+    }
+  }
+  return r;
+}
+
+Result<PromptEncoding> Model::Impl::encode_prompt(const std::string& prompt, int max_length,
+                                                  const RunContext& ctx) const {
+  KLEIN_ASSIGN_OR_RETURN(auto r, encode_prompts({prompt}, max_length, ctx));
+  return std::move(r[0]);
+}
+
+Status Model::Impl::check_embeds(const Tensor& embeds) const {
   const std::string& cfg_path = dit_spec.config_where;
   if (dit_cfg.in_channels != 128 || embeds.shape().size() != 3 || embeds.dim(0) != 1 ||
       embeds.dim(2) != dit_cfg.joint_attention_dim)
@@ -150,6 +184,16 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tens
                             " and joint_attention_dim " + std::to_string(dit_cfg.joint_attention_dim) +
                             ", but the latents have 128 channels and the prompt embeddings are " +
                             shape_str(embeds.shape()) + " (wrong component combination?)");
+  return Status::Ok();
+}
+
+Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, float guidance_scale,
+                                    const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
+                                    const RunContext& ctx,
+                                    const std::function<void(int, int, const Image&)>& preview,
+                                    std::shared_ptr<const Flux2Transformer> held) const {
+  KLEIN_RETURN_IF_ERROR(check_embeds(embeds));
+  if (uncond) KLEIN_RETURN_IF_ERROR(check_embeds(*uncond));
   const int64_t th = g.height / 16, tw = g.width / 16;
   KLEIN_ASSIGN_OR_RETURN(auto schedule, make_klein_schedule(sched_cfg, g.steps, th * tw));
   ctx.dump("noise", noise);
@@ -166,16 +210,28 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const std::vector<Tens
     sp->height = g.height;
     sp->callback = preview;
   }
-  KLEIN_ASSIGN_OR_RETURN(auto m, transformer(ctx));
-  // kLow: the transformer is released on return.
+  std::shared_ptr<const Flux2Transformer> m = std::move(held);
+  if (!m) {
+    KLEIN_ASSIGN_OR_RETURN(m, transformer(ctx));
+  }
+  // kLow: the transformer is released on return (unless the caller holds it). The prompt
+  // embeddings go to the device once.
+  KLEIN_ASSIGN_OR_RETURN(TextCondition cond, TextCondition::make(ctx.be(), embeds, "the prompt embeddings"));
+  std::optional<TextCondition> neg;
+  if (uncond) {
+    KLEIN_ASSIGN_OR_RETURN(neg, TextCondition::make(ctx.be(), *uncond, "the negative prompt embeddings"));
+  }
+  std::unique_ptr<Predictor> predictor;
+  if (neg)
+    predictor = std::make_unique<CfgPredictor>(*m, cond, *neg, guidance_scale);
+  else
+    predictor = std::make_unique<PlainPredictor>(*m, cond);
   if (plan && plan->stream_dit) {
     api::BlockStreamer streamer(*m);
-    return run_denoise(*m, embeds, refs, std::move(noise), schedule, streamer.hooked(ctx), sp ? &*sp : nullptr);
+    return run_denoise(*predictor, refs, std::move(noise), schedule, streamer.hooked(ctx), sp ? &*sp : nullptr);
   }
-  return run_denoise(*m, embeds, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr);
+  return run_denoise(*predictor, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr);
 }
-
-namespace {
 
 // The noise for a request: the caller's (checked against the size) or torch's seeded draw.
 Result<Tensor> make_noise(const FloatArray* given, const std::string& name, int width, int height, uint64_t seed,
@@ -191,8 +247,6 @@ Result<Tensor> make_noise(const FloatArray* given, const std::string& name, int 
   return t;
 }
 
-Status dumper_status(const Dumper& d) { return d.status(); }
-
 // Privacy: an image's metadata names the model and references by their last path component
 // only ("FLUX.2-klein-4B", "photo.jpg"), never the folders above (a home directory, a user name).
 std::string last_path_component(const std::string& p) {
@@ -201,7 +255,6 @@ std::string last_path_component(const std::string& p) {
   return q.filename().string();
 }
 
-}  // namespace
 
 // ---- Model: lifetime --------------------------------------------------------------------------
 
@@ -232,13 +285,8 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
       if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline")
         return unsupported(index + ": pipeline \"" + f.pipeline_class() + "\" (klein.cpp runs Flux2KleinPipeline models)");
     }
-    if (options.variant == Variant::kBase)
-      return unsupported("--variant base: base (undistilled) generation needs classifier-free guidance (CFG), which "
-                         "klein.cpp does not support yet; only the distilled models run");
-    if (!l.distilled && l.folder)
-      return unsupported((l.folder->root() / "model_index.json").string() +
-                         ": not a distilled model (is_distilled is false); base models need classifier-free guidance, "
-                         "which klein.cpp does not implement yet");
+    // Base models (is_distilled false, or --variant base for files) run classifier-free guidance.
+    m->distilled = l.distilled;
     KLEIN_RETURN_IF_ERROR(l.complete());
     if (!options.verify_manifest.empty())
       KLEIN_RETURN_IF_ERROR(api::verify_layout(l, options.verify_manifest, options.threads));
@@ -328,7 +376,7 @@ Result<PromptEmbeddings> Model::encode_prompt(const std::string& prompt, const E
     const RunContext ctx = api::make_run_context(*impl_->engine, &dumper, cb);
     KLEIN_RETURN_IF_ERROR(impl_->plan_request(16, 16, 0, cb.log, /*encode_only=*/true));
     KLEIN_ASSIGN_OR_RETURN(auto enc, impl_->encode_prompt(prompt, options.max_length, ctx));
-    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    KLEIN_RETURN_IF_ERROR(dumper.status());
     PromptEmbeddings r;
     static_cast<FloatArray&>(r) = to_array(enc.embeds);
     r.ids = std::move(enc.ids);
@@ -363,7 +411,7 @@ Result<ReferenceLatents> Model::encode_references(const std::vector<std::string>
       r.latents.push_back(to_array(latents[i]));
       r.paths.push_back(prepared[i].path);
     }
-    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    KLEIN_RETURN_IF_ERROR(dumper.status());
     return r;
   });
 }
@@ -390,8 +438,13 @@ Result<Latents> Model::denoise(const PromptEmbeddings& prompt, const ReferenceLa
     int64_t ref_tokens = 0;
     for (const Tensor& t : refs) ref_tokens += t.dim(2) * t.dim(3);
     KLEIN_RETURN_IF_ERROR(impl_->plan_request(g.width, g.height, ref_tokens, cb.log));
-    KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, refs, g, std::move(noise), ctx, cb.preview));
-    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
+    KLEIN_ASSIGN_OR_RETURN(auto gd, impl_->guidance(-1, nullptr));
+    if (gd.cfg)
+      return invalid_argument("denoise: this base model runs classifier-free guidance (guidance scale " +
+                              format_scale(gd.scale) +
+                              " > 1), which needs the negative prompt's embeddings: use a klein::Session");
+    KLEIN_ASSIGN_OR_RETURN(Tensor z, impl_->denoise(embeds, nullptr, gd.scale, refs, g, std::move(noise), ctx, cb.preview));
+    KLEIN_RETURN_IF_ERROR(dumper.status());
     Latents r;
     static_cast<FloatArray&>(r) = to_array(z);
     return r;
@@ -418,109 +471,8 @@ Result<Image> Model::decode(const Latents& latents, const Callbacks& cb, const D
     KLEIN_RETURN_IF_ERROR(impl_->plan_request(static_cast<int>(z.dim(3) * 16), static_cast<int>(z.dim(2) * 16), 0, cb.log));
     KLEIN_ASSIGN_OR_RETURN(auto vae, impl_->vae_model());
     KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, impl_->vae_tiling()));
-    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
-    return to_rgb8(image);
-  });
-}
-
-// ---- Model: the whole request -----------------------------------------------------------------
-
-Result<GenerateResult> Model::generate(const GenerateRequest& req, const Callbacks& cb) {
-  return api::guarded("generate", [&]() -> Result<GenerateResult> {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    Impl& m = *impl_;
-    KLEIN_RETURN_IF_ERROR(m.require_full_model("generate"));
-    // Reference images are read and preprocessed before any model work: a bad file fails fast.
-    KLEIN_ASSIGN_OR_RETURN(auto prepared, prepare_references(req.reference_images));
-    for (const ReferenceImage& ref : req.reference_data) {
-      const std::string name = ref.name.empty() ? std::string("reference image") : ref.name;
-      KLEIN_ASSIGN_OR_RETURN(auto img, decode_image(ref.data.data(), ref.data.size(), name));
-      KLEIN_ASSIGN_OR_RETURN(Tensor t, preprocess_reference(img, name));
-      prepared.push_back({name, std::move(t)});
-    }
-    std::pair<int, int> first;
-    if (!prepared.empty())
-      first = {static_cast<int>(prepared[0].pixels.dim(3)), static_cast<int>(prepared[0].pixels.dim(2))};
-    KLEIN_ASSIGN_OR_RETURN(auto g, m.resolve(req.width, req.height, req.steps, prepared.empty() ? nullptr : &first, cb.log));
-    // The initial noise too (cheap, and a bad --noise file fails fast).
-    FloatArray given;
-    if (!req.noise_npy.empty()) {
-      KLEIN_ASSIGN_OR_RETURN(auto arr, read_npy(req.noise_npy));
-      given.shape = arr.shape;
-      given.data = arr.to_f32();
-    }
-    KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&given, req.noise_npy, g.width, g.height, req.seed, req.bf16_noise));
-    given = {};
-    // Given prompt embeddings replace the text encoder; read and checked before any model work.
-    std::optional<Tensor> given_embeds;
-    if (!req.prompt_embeds_npy.empty()) {
-      KLEIN_ASSIGN_OR_RETURN(auto arr, read_npy(req.prompt_embeds_npy));
-      FloatArray e{arr.shape, arr.to_f32()};
-      const std::string what = req.prompt_embeds_npy;
-      KLEIN_ASSIGN_OR_RETURN(Tensor t, to_tensor(e, what));
-      // T is bounded by the sequence length the memory plan assumes; the width is the
-      // transformer's joint_attention_dim (3 × the text encoder's hidden size).
-      if (t.shape().size() != 3 || t.dim(0) != 1 || t.dim(1) < 1 || t.dim(1) > kKleinMaxSequenceLength ||
-          t.dim(2) != m.dit_cfg.joint_attention_dim)
-        return invalid_argument(what + ": expected prompt embeddings [1, T <= " + std::to_string(kKleinMaxSequenceLength) +
-                                ", " + std::to_string(m.dit_cfg.joint_attention_dim) + "] for this model, got " +
-                                shape_str(t.shape()));
-      for (int64_t i = 0; i < t.numel(); ++i)
-        if (!std::isfinite(t.data()[i]))
-          return invalid_argument(what + ": non-finite value at flat index " + std::to_string(i));
-      given_embeds = std::move(t);
-    }
-    // With a memory budget: the plan, or the size this request needs, before any model work.
-    int64_t ref_tokens = 0;
-    for (const auto& p : prepared) ref_tokens += (p.pixels.dim(2) / 16) * (p.pixels.dim(3) / 16);
-    KLEIN_RETURN_IF_ERROR(m.plan_request(g.width, g.height, ref_tokens, cb.log));
-
-    Dumper dumper(req.dump.dir, req.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
-    const RunContext ctx = api::make_run_context(*m.engine, &dumper, cb);
-
-    Tensor embeds;
-    if (given_embeds) {
-      embeds = std::move(*given_embeds);
-    } else {
-      KLEIN_ASSIGN_OR_RETURN(auto prompt, m.encode_prompt(req.prompt, kKleinMaxSequenceLength, ctx));
-      embeds = std::move(prompt.embeds);
-    }
-    // Editing: the VAE encodes the references and later decodes the result; it is mapped once
-    // and held for the request (a small component next to the transformer).
-    std::shared_ptr<const Flux2Vae> vae;
-    std::vector<Tensor> ref_latents;
-    if (!prepared.empty()) {
-      KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
-      KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx, m.vae_tiling()));
-      prepared.clear();  // pixels no longer needed
-    }
-    KLEIN_ASSIGN_OR_RETURN(Tensor z, m.denoise(embeds, ref_latents, g, std::move(noise), ctx, cb.preview));
-    if (!vae) {
-      KLEIN_ASSIGN_OR_RETURN(vae, m.vae_model());
-    }
-    KLEIN_ASSIGN_OR_RETURN(Tensor image, decode_latents(*vae, std::move(z), ctx, m.vae_tiling()));
-    KLEIN_RETURN_IF_ERROR(dumper_status(dumper));
-
-    GenerateResult r;
-    r.image = to_rgb8(image);
-    r.width = g.width;
-    r.height = g.height;
-    r.steps = g.steps;
-    r.metadata = {{"prompt", req.prompt_embeds_npy.empty() ? req.prompt
-                                                           : "embeddings file " + last_path_component(req.prompt_embeds_npy)},
-                  {"seed", req.noise_npy.empty() ? std::to_string(req.seed) : std::string("noise file ") + req.noise_npy},
-                  {"steps", std::to_string(g.steps)},
-                  {"size", std::to_string(g.width) + "x" + std::to_string(g.height)},
-                  {"precision", m.options.precision == Precision::kFast ? "fast" : "fp32"},
-                  {"model", last_path_component(m.path.empty() ? m.dit_spec.where : m.path)},
-                  {"software", std::string("klein.cpp ") + version()}};
-    for (size_t i = 0; i < req.reference_images.size(); ++i)
-      r.metadata.emplace_back("reference" + std::to_string(i + 1), last_path_component(req.reference_images[i]));
-    for (size_t i = 0; i < req.reference_data.size(); ++i)
-      r.metadata.emplace_back("reference" + std::to_string(req.reference_images.size() + i + 1),
-                              last_path_component(req.reference_data[i].name));
-    return r;
+    return to_rgb8(image);
   });
 }
 

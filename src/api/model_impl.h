@@ -41,40 +41,71 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   std::shared_ptr<const Flux2Transformer> dit;
   std::shared_ptr<const Flux2Vae> vae;
 
-  // With a memory budget: the weights' sizes (measured at open) and the running request's plan.
-  std::optional<api::WeightSizes> sizes;
-  std::optional<api::MemoryPlan> plan;
+  // The variant (layout.distilled, or --variant base): base models run classifier-free
+  // guidance and default to 50 steps, distilled ones to 4 with no guidance.
+  bool distilled = true;
 
-  // One request at a time: the thread pool and the models' scratch are not reentrant.
-  std::mutex mu;
+  // With a memory budget: the weights' sizes (measured at open) and the running phase's plan
+  // (scratch of the phase that holds `mu`; the Model is otherwise immutable after open).
+  std::optional<api::WeightSizes> sizes;
+  mutable std::optional<api::MemoryPlan> plan;
+
+  // One phase at a time: the thread pool and the models' scratch are not reentrant.
+  mutable std::mutex mu;
 
   Status require_full_model(const char* what) const;
-  Result<std::shared_ptr<const Qwen3Encoder>> text_encoder();
-  Result<std::shared_ptr<const Flux2Transformer>> transformer(const RunContext& ctx);
-  Result<std::shared_ptr<const Flux2Vae>> vae_model();
+  Result<std::shared_ptr<const Qwen3Encoder>> text_encoder() const;
+  Result<std::shared_ptr<const Flux2Transformer>> transformer(const RunContext& ctx) const;
+  Result<std::shared_ptr<const Flux2Vae>> vae_model() const;
   // With a budget: plans a request of this size (or fails with what it needs) before any work;
   // the plan is noted through `log`. Without one: clears the plan.
   // encode_only: a prompt encoded on its own (Model::encode_prompt), the text encoder's phase alone.
+  // cfg: the request runs classifier-free guidance (a second prediction, negative embeddings).
   Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log,
-                      bool encode_only = false);
+                      bool encode_only = false, bool cfg = false) const;
   // The VAE's tiling from the load options (and the plan).
   VaeTiling vae_tiling() const;
 
   // Resolves the output size (0: the first reference's, else 1024; floored to multiples of 16
-  // with a note through `log`) and the step count.
+  // with a note through `log`) and the step count (0: 4 distilled, 50 base).
   struct Geometry {
     int width = 0, height = 0, steps = 0;
   };
   Result<Geometry> resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
                            const std::function<void(const std::string&)>& log) const;
+  // The guidance scale a request runs with: `requested` (< 0: the model's default, 4.0) and
+  // whether CFG is on (base models at a scale > 1, as diffusers' do_classifier_free_guidance).
+  struct Guidance {
+    float scale = 1.0f;
+    bool cfg = false;
+  };
+  Result<Guidance> guidance(double requested, const std::function<void(const std::string&)>& log) const;
 
   // The request steps on internal tensors (the caller holds `mu`).
-  Result<PromptEncoding> encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx);
-  // With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
-  Result<Tensor> denoise(const Tensor& embeds, const std::vector<Tensor>& ref_latents, const Geometry& g,
-                         Tensor noise, const RunContext& ctx,
-                         const std::function<void(int, int, const Image&)>& preview = {});
+  // Encodes each prompt in turn with one load of the text encoder.
+  Result<std::vector<PromptEncoding>> encode_prompts(const std::vector<std::string>& prompts, int max_length,
+                                                     const RunContext& ctx) const;
+  Result<PromptEncoding> encode_prompt(const std::string& prompt, int max_length, const RunContext& ctx) const;
+  // Checks prompt embeddings [1, L, joint_attention_dim] against the transformer.
+  Status check_embeds(const Tensor& embeds) const;
+  // uncond: the negative prompt's embeddings when classifier-free guidance runs (scale > 1),
+  // else null. With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
+  // `held`: the transformer, already loaded by the caller (a batch keeps it for all its seeds);
+  // null: loaded here (kLow: released on return).
+  Result<Tensor> denoise(const Tensor& embeds, const Tensor* uncond, float guidance_scale,
+                         const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
+                         const RunContext& ctx, const std::function<void(int, int, const Image&)>& preview = {},
+                         std::shared_ptr<const Flux2Transformer> held = nullptr) const;
 };
+
+// The noise for a request: `given` (checked against the size; `name` names it in errors) or
+// torch's seeded draw.
+Result<Tensor> make_noise(const FloatArray* given, const std::string& name, int width, int height, uint64_t seed,
+                          bool bf16);
+// A path's last component ("dir/" gives "dir"): what an image's metadata names (privacy).
+std::string last_path_component(const std::string& p);
+// A guidance scale as a message shows it ("4", "7.5").
+std::string format_scale(double g);
 
 // Copies between the public arrays and engine tensors.
 FloatArray to_array(const Tensor& t);

@@ -10,23 +10,52 @@
 
 namespace klein {
 
-Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_embeds, const ReferenceTokens& refs,
-                           Tensor noise, const Schedule& schedule, const RunContext& ctx,
-                           const StepPreview* preview) {
+Result<TextCondition> TextCondition::make(Backend& be, const Tensor& prompt_embeds, const std::string& what) {
+  TextCondition c;
+  KLEIN_ASSIGN_OR_RETURN(c.embeds, on_device(be, prompt_embeds, c.up, what));
+  c.txt_ids = flux2_text_ids(static_cast<int>(prompt_embeds.dim(1)));
+  return c;
+}
+
+// (Compiled with -ffp-contract=off: three roundings, as torch's three tensor operations.)
+void cfg_combine(float* v_cond, const float* v_uncond, int64_t n, float guidance_scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = v_cond[i] - v_uncond[i];  // noise_pred - neg_noise_pred
+    const float s = guidance_scale * d;       // guidance_scale * (...)
+    v_cond[i] = v_uncond[i] + s;              // neg_noise_pred + ...
+  }
+}
+
+Result<Tensor> PlainPredictor::predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
+                                       const RunContext& ctx, BufferPool* work) {
+  // Only the noise tokens' prediction is used: the reference tokens' rows are not computed.
+  KLEIN_ASSIGN_OR_RETURN(Tensor out, dit_->forward(model_in, *cond_->embeds, t / 1000.0f, img_ids, cond_->txt_ids,
+                                                   ctx, std::nullopt, N, work));
+  return ctx.be().download(out);
+}
+
+Result<Tensor> CfgPredictor::predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
+                                     const RunContext& ctx, BufferPool* work) {
+  KLEIN_ASSIGN_OR_RETURN(Tensor v, PlainPredictor(*dit_, *cond_).predict(model_in, t, N, img_ids, ctx, work));
+  KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
+  KLEIN_ASSIGN_OR_RETURN(Tensor vu, PlainPredictor(*dit_, *uncond_).predict(model_in, t, N, img_ids, ctx, work));
+  cfg_combine(v.data(), vu.data(), v.numel(), scale_);
+  return v;
+}
+
+Result<Tensor> run_denoise(Predictor& predictor, const ReferenceTokens& refs, Tensor noise, const Schedule& schedule,
+                           const RunContext& ctx, const StepPreview* preview, const StepHooks* hooks) {
   const int64_t th = noise.dim(2), tw = noise.dim(3);
   const int steps = static_cast<int>(schedule.timesteps.size());
   // Model input tokens: the N noisy latents, then the reference tokens (ids T = 10, 20, ...).
   Flux2Ids img_ids = flux2_image_ids(static_cast<int>(th), static_cast<int>(tw), 0);
   img_ids.insert(img_ids.end(), refs.ids.begin(), refs.ids.end());
-  const Flux2Ids txt_ids = flux2_text_ids(static_cast<int>(prompt_embeds.dim(1)));
   const int64_t N = th * tw, S_ref = refs.tokens.empty() ? 0 : refs.tokens.dim(0);
   // The latents and the Euler update stay on the host (bit-exact float32, as the scheduler does
   // it); the transformer input and output live on the backend's device: per step the N latent
   // rows go up and the N velocity rows come back (on the CPU backend, two small copies).
   Backend& be = ctx.be();
   Tensor latents = pack_latents(noise);  // [N, 128]
-  Tensor embeds_up;  // the prompt embeddings go to the device once, not once per step
-  KLEIN_ASSIGN_OR_RETURN(const Tensor* embeds, on_device(be, prompt_embeds, embeds_up, "the prompt embeddings"));
   KLEIN_ASSIGN_OR_RETURN(Tensor model_in, be.alloc({N + S_ref, 128}, "the transformer input"));
   if (S_ref) {
     KLEIN_ASSIGN_OR_RETURN(Tensor rt, be.upload(refs.tokens.data(), {S_ref, 128}, "the reference tokens"));
@@ -36,15 +65,13 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
   ctx.report("denoise", 0, steps);
   for (int i = 0; i < steps; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
+    if (hooks && hooks->before_step) KLEIN_RETURN_IF_ERROR(hooks->before_step(i, latents));
     const float t = schedule.timesteps[i];
     {
       KLEIN_ASSIGN_OR_RETURN(Tensor x, be.upload(latents.data(), {N, 128}, "the latents"));
       KLEIN_RETURN_IF_ERROR(be.copy(x, model_in.view().row_range(0, N)));
     }
-    // Only the noise tokens' prediction is used: the reference tokens' rows are not computed.
-    KLEIN_ASSIGN_OR_RETURN(Tensor out,
-                           dit.forward(model_in, *embeds, t / 1000.0f, img_ids, txt_ids, ctx, std::nullopt, N, &work));
-    KLEIN_ASSIGN_OR_RETURN(Tensor v, be.download(out));
+    KLEIN_ASSIGN_OR_RETURN(Tensor v, predictor.predict(model_in, t, N, img_ids, ctx, &work));
     // The preview is x0 = x − σ_i·v of this step's input x, so it is made before the update.
     Image preview_image;
     if (preview && preview->callback) {
@@ -52,6 +79,7 @@ Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_emb
                                                            preview->stats, preview->width, preview->height));
     }
     KLEIN_RETURN_IF_ERROR(euler_step(latents, v, schedule.sigmas[i], schedule.sigmas[i + 1]));
+    if (hooks && hooks->after_step) KLEIN_RETURN_IF_ERROR(hooks->after_step(i, latents));
     if (ctx.dumper) {
       ctx.dump("velocity_step" + std::to_string(i + 1), unpack_latents(v, th, tw));
       ctx.dump("latents_step" + std::to_string(i + 1), unpack_latents(latents, th, tw));

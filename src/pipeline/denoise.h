@@ -3,6 +3,10 @@
 // the VAE decode with diffusers' 8-bit post-processing.
 #pragma once
 
+#include <functional>
+#include <string>
+
+#include "backend/buffer_pool.h"
 #include "backend/run_context.h"
 #include "core/tensor.h"
 #include "klein/klein.h"
@@ -23,12 +27,76 @@ struct StepPreview {
   std::function<void(int step, int total, const Image& image)> callback;
 };
 
-// noise: [1, 128, th, tw]; prompt_embeds: [1, L, joint_attention_dim]. Returns the final
-// latents [1, 128, th, tw] (normalised space), finite or an error. Reports ("denoise", i, steps)
-// and dumps velocity_step<k> / latents_step<k>; with `preview`, calls it after every step.
-Result<Tensor> run_denoise(const Flux2Transformer& dit, const Tensor& prompt_embeds, const ReferenceTokens& refs,
-                           Tensor noise, const Schedule& schedule, const RunContext& ctx,
-                           const StepPreview* preview = nullptr);
+// One text condition of the transformer: prompt embeddings [1, L, joint_attention_dim] on the
+// backend's device (uploaded once per request, not once per step) and their text position ids.
+struct TextCondition {
+  Tensor up;                     // the device copy, when the host tensor is not on the device
+  const Tensor* embeds = nullptr;
+  Flux2Ids txt_ids;
+  static Result<TextCondition> make(Backend& be, const Tensor& prompt_embeds, const std::string& what);
+};
+
+// Combines the conditional and unconditional velocities as Flux2KleinPipeline does
+// (`neg + guidance_scale * (pos - neg)`, each operation rounded to float32 as torch's tensors
+// are, no fused multiply-add): v_cond is overwritten with the guided velocity.
+void cfg_combine(float* v_cond, const float* v_uncond, int64_t n, float guidance_scale);
+
+// What a denoising step asks for: the velocity of the N noise tokens for the model input
+// `model_in` ([N + S_ref, 128] on the device: the latents, then the reference tokens) at
+// timestep t (the schedule's, 0..1000), on the host [N, 128].
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  virtual Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
+                                 const RunContext& ctx, BufferPool* work) = 0;
+  // Transformer calls per step (1 plain, 2 with guidance).
+  virtual int calls_per_step() const = 0;
+};
+
+// The distilled models (and base models at guidance <= 1): one call on the prompt.
+class PlainPredictor final : public Predictor {
+ public:
+  PlainPredictor(const Flux2Transformer& dit, const TextCondition& cond) : dit_(&dit), cond_(&cond) {}
+  Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
+                         BufferPool* work) override;
+  int calls_per_step() const override { return 1; }
+
+ private:
+  const Flux2Transformer* dit_;
+  const TextCondition* cond_;
+};
+
+// Classifier-free guidance (base models, guidance_scale > 1): the prompt's call, then the
+// negative prompt's, combined by cfg_combine.
+class CfgPredictor final : public Predictor {
+ public:
+  CfgPredictor(const Flux2Transformer& dit, const TextCondition& cond, const TextCondition& uncond, float scale)
+      : dit_(&dit), cond_(&cond), uncond_(&uncond), scale_(scale) {}
+  Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
+                         BufferPool* work) override;
+  int calls_per_step() const override { return 2; }
+
+ private:
+  const Flux2Transformer* dit_;
+  const TextCondition* cond_;
+  const TextCondition* uncond_;
+  float scale_;
+};
+
+// Hooks around every step i (0-based), all optional; an error stops the loop with it.
+struct StepHooks {
+  // Before the prediction, on the latents [N, 128] (packed): e.g. an img2img or inpainting start.
+  std::function<Status(int i, Tensor& latents)> before_step;
+  // After the Euler update, on the new latents: e.g. inpainting's blend of the re-noised source.
+  std::function<Status(int i, Tensor& latents)> after_step;
+};
+
+// noise: [1, 128, th, tw]. Returns the final latents [1, 128, th, tw] (normalised space), finite
+// or an error. Reports ("denoise", i, steps) and dumps velocity_step<k> (the guided velocity) /
+// latents_step<k>; with `preview`, calls it after every step. Cancellation is polled before
+// every step (ctx.check_cancel).
+Result<Tensor> run_denoise(Predictor& predictor, const ReferenceTokens& refs, Tensor noise, const Schedule& schedule,
+                           const RunContext& ctx, const StepPreview* preview = nullptr, const StepHooks* hooks = nullptr);
 
 // z: [1, 128, th, tw] normalised latents -> the VAE's image [1, 3, 16·th, 16·tw], finite or an
 // error. Dumps "latents_final" (the VAE input) and "image".

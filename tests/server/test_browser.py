@@ -89,6 +89,9 @@ class Page(unittest.TestCase):
         d = self.driver
         d.get(self.srv.url + "/")
         self.fill("make it night", size=48, steps=2, seed=3)
+        # Guidance fields go into the form (multipart) request and the copied command line.
+        d.find_element(By.ID, "guidance").send_keys("7.5")
+        d.find_element(By.ID, "negative").send_keys("dark")
         # A drop event with a real File in its DataTransfer, as a drag from the desktop delivers.
         d.execute_script("""
             const bytes = Uint8Array.from(atob(arguments[0]), c => c.charCodeAt(0));
@@ -103,7 +106,9 @@ class Page(unittest.TestCase):
         self.wait_results(1)
         cap = d.find_element(By.CSS_SELECTOR, "#gallery .result figcaption").text
         self.assertIn("1 reference", cap)
-        self.assertIn("--ref 'ref.png'", d.find_element(By.CSS_SELECTOR, "#gallery .result .actions button").get_attribute("title"))
+        title = d.find_element(By.CSS_SELECTOR, "#gallery .result .actions button").get_attribute("title")
+        self.assertIn("--ref 'ref.png'", title)
+        self.assertIn(" -g 7.5 --negative-prompt 'dark'", title)
         d.save_screenshot(os.path.join(ARTIFACTS, "server_page_edit.png"))
 
     def test_3_phone_width(self):

@@ -80,6 +80,16 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(events[-1].b64_json, plain.data[0].b64_json)
         self.assertEqual(png_text(base64.b64decode(events[-1].b64_json))["seed"], "21")
 
+    def test_guidance_fields(self):
+        # Accepted; the tiny model is distilled, so guidance is ignored and the image unchanged.
+        a = self.client.images.generate(prompt="x", size="32x32", extra_body={"seed": 5, "steps": 1})
+        b = self.client.images.generate(prompt="x", size="32x32", extra_body={
+            "seed": 5, "steps": 1, "guidance_scale": 7.5, "negative_prompt": "blurry"})
+        self.assertEqual(a.data[0].b64_json, b.data[0].b64_json)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.images.generate(prompt="x", size="32x32", extra_body={"guidance_scale": 500})
+        self.assertEqual(e.exception.body["param"], "guidance_scale")
+
     def test_stream_without_partials_and_with_n(self):
         events = list(self.client.images.generate(prompt="x", size="32x32", n=2, stream=True,
                                                   extra_body={"seed": 4, "steps": 2, "output_format": "jpeg"}))

@@ -1,4 +1,5 @@
 // `klein generate`: prompt -> PNG.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sys/resource.h>
@@ -18,10 +19,10 @@ Command make_generate_command() {
   struct Opts {
     ModelArgs ma;
     std::string prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
-        memory = "low", isa, precision = "fast", seed = "0", backend = "auto";
+        memory = "low", isa, precision = "fast", seed = "0", backend = "auto", negative_prompt, seeds;
     std::vector<std::string> refs;
-    int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0;
-    double max_memory = 0;
+    int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0, batch = 1;
+    double max_memory = 0, guidance = -1;
     bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
@@ -42,11 +43,29 @@ Command make_generate_command() {
         ->check(CLI::Range(16, 8192));
     s->add_option("--height,-H", o->height, "Image height in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
-    s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models)")->check(CLI::Range(1, 1000));
+    s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models, 50 for base models)")
+        ->check(CLI::Range(1, 1000));
+    s->add_option("--guidance-scale,-g", o->guidance,
+                  "Classifier-free guidance scale for base models (default 4.0; guidance runs above 1: two transformer "
+                  "calls per step). Distilled models ignore it, with a note")
+        ->check(CLI::Range(0.0, 100.0));
+    s->add_option("--negative-prompt", o->negative_prompt,
+                  "The negative (unconditional) prompt of guidance on base models (default: \"\", as diffusers)");
     // A string: the CLI checks the range itself (parse_seed), CLI11 would wrap "-1".
     auto* seed = s->add_option("--seed,-s", o->seed,
                                "Seed of torch.Generator('cpu') for the initial noise, 0..2^64-1 (default 0)");
-    s->add_option("--noise", o->noise, "Initial noise (1,128,H/16,W/16) from a .npy instead of --seed")->excludes(seed);
+    auto* noise = s->add_option("--noise", o->noise, "Initial noise (1,128,H/16,W/16) from a .npy instead of --seed")
+                      ->excludes(seed);
+    auto* batch = s->add_option("--batch,-n", o->batch,
+                                "Images to make, seeds --seed, --seed+1, ...: the prompt and references are encoded once; "
+                                "with more than one, -o OUT.png writes OUT-SEED.png per image")
+                      ->check(CLI::Range(1, 64))
+                      ->excludes(noise);
+    s->add_option("--seeds", o->seeds,
+                  "Comma-separated seeds, one image each (as --batch; e.g. 1,2,7): -o OUT.png writes OUT-SEED.png")
+        ->excludes(seed)
+        ->excludes(noise)
+        ->excludes(batch);
     s->add_option("--noise-dtype", o->noise_dtype,
                   "Draw the seeded noise as a float32 (f32, default) or bfloat16 (bf16) diffusers pipeline does")
         ->check(CLI::IsMember({"f32", "bf16"}));
@@ -92,6 +111,36 @@ Command make_generate_command() {
     if (Status st = check_output_path("-o", o->out, inputs); !st.ok()) return fail(st);
     uint64_t seed = 0;
     if (Status st = parse_seed(o->seed, &seed); !st.ok()) return fail(st);
+    // The images' seeds: --seeds, or --batch N from --seed.
+    std::vector<uint64_t> seeds;
+    if (!o->seeds.empty()) {
+      size_t at = 0;
+      while (at <= o->seeds.size()) {
+        const size_t comma = std::min(o->seeds.find(',', at), o->seeds.size());
+        uint64_t v = 0;
+        if (Status st = parse_seed(o->seeds.substr(at, comma - at), &v); !st.ok())
+          return fail(invalid_argument("--seeds " + o->seeds + ": " + st.message().substr(st.message().find(':') + 2)));
+        if (std::find(seeds.begin(), seeds.end(), v) != seeds.end())
+          return fail(invalid_argument("--seeds " + o->seeds + ": seed " + std::to_string(v) + " is given twice"));
+        seeds.push_back(v);
+        at = comma + 1;
+      }
+      if (seeds.size() > 64) return fail(invalid_argument("--seeds: at most 64 seeds"));
+    } else {
+      for (int i = 0; i < o->batch; ++i) {
+        if (seed + static_cast<uint64_t>(i) < seed) return fail(invalid_argument("--batch: --seed + N overflows"));
+        seeds.push_back(seed + static_cast<uint64_t>(i));
+      }
+    }
+    // One output per seed: OUT.png for one image, OUT-SEED.png for several.
+    std::vector<std::string> outs;
+    for (uint64_t v : seeds)
+      outs.push_back(seeds.size() == 1 ? o->out
+                                       : (out.parent_path() / (out.stem().string() + "-" + std::to_string(v) +
+                                                               out.extension().string())).string());
+    if (outs.size() > 1)
+      for (const std::string& path : outs)
+        if (Status st = check_output_path("-o", path, inputs); !st.ok()) return fail(st);
     std::string prompt;
     if (o->prompt_embeds.empty())
       if (Status st = resolve_prompt(o->prompt, o->prompt_given, o->prompt_file, &prompt); !st.ok()) return fail(st);
@@ -125,7 +174,9 @@ Command make_generate_command() {
     g.width = o->width;
     g.height = o->height;
     g.steps = o->steps;
-    g.seed = seed;
+    g.seed = seeds[0];
+    g.guidance_scale = o->guidance;
+    g.negative_prompt = o->negative_prompt;
     g.noise_npy = o->noise;
     g.prompt_embeds_npy = o->prompt_embeds;
     g.bf16_noise = o->noise_dtype == "bf16";
@@ -150,16 +201,20 @@ Command make_generate_command() {
     }
     print_notes((*model)->notes());
     if (!o->quiet) note_quantized_fp32(lo.precision, [&] { return (*model)->info(); });
-    auto r = (*model)->generate(g, cb);
+    auto r = (*model)->generate_batch(g, seeds, cb);
     progress.finish();
     if (!r.ok()) return fail(r.status());
-    Status s = save_png(o->out, r->image, r->metadata);
-    if (!s.ok()) return fail(s);
+    for (size_t i = 0; i < r->size(); ++i) {
+      Status s = save_png(outs[i], (*r)[i].image, (*r)[i].metadata);
+      if (!s.ok()) return fail(s);
+    }
     if (!o->quiet) {
       for (const auto& [phase, sec] : progress.phase_times()) std::fprintf(stderr, "  %-18s %8.2f s\n", phase.c_str(), sec);
       std::fprintf(stderr, "  %-18s %8.2f s\n", "total",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      std::fprintf(stderr, "wrote %s (%dx%d, %d steps)\n", o->out.c_str(), r->width, r->height, r->steps);
+      for (size_t i = 0; i < r->size(); ++i)
+        std::fprintf(stderr, "wrote %s (%dx%d, %d steps)\n", outs[i].c_str(), (*r)[i].width, (*r)[i].height,
+                     (*r)[i].steps);
     }
     // Always (even --quiet): what the run cost, for memory budgets and benchmarks.
     struct rusage ru {};

@@ -350,17 +350,32 @@ void JobQueue::execute(Job& job) {
   // OpenAI's stream types: image_generation.* for generations, image_edit.* for edits.
   const std::string stream_type = spec.references.empty() ? "image_generation" : "image_edit";
   std::vector<JobImage> images;
-  for (int i = 0; i < spec.n; ++i) {
-    GenerateRequest req;
-    req.prompt = spec.prompt;
-    req.width = spec.width;
-    req.height = spec.height;
-    req.steps = spec.steps;
-    req.seed = spec.seed + static_cast<uint64_t>(i);  // wraps at 2^64, as any seed arithmetic would
-    req.reference_data = spec.references;
+  // One request for all n images: the prompt and the references are encoded once, then each
+  // seed is denoised and decoded (Model::generate_batch, on one Session).
+  GenerateRequest req;
+  req.prompt = spec.prompt;
+  req.width = spec.width;
+  req.height = spec.height;
+  req.steps = spec.steps;
+  req.guidance_scale = spec.guidance_scale;
+  req.negative_prompt = spec.negative_prompt;
+  req.reference_data = spec.references;
+  std::vector<uint64_t> seeds;
+  for (int k = 0; k < spec.n; ++k)
+    seeds.push_back(spec.seed + static_cast<uint64_t>(k));  // wraps at 2^64, as any seed arithmetic would
+  req.seed = seeds[0];
+  {
+    // The image the events are about: the encode counts as the first image's; each denoise
+    // (its progress at step 0) starts the next image.
+    int i = 0;
+    bool denoised = false;
     Callbacks cb;
     std::string last_phase;
     cb.progress = [&](const std::string& phase, int done, int total) {
+      if (phase == "denoise" && done == 0) {
+        if (denoised) ++i;
+        denoised = true;
+      }
       // Phase changes, phase ends and every denoising step: not every layer of the text encoder.
       if (phase != last_phase || done == total || phase == "denoise") {
         last_phase = phase;
@@ -370,7 +385,7 @@ void JobQueue::execute(Job& job) {
     };
     cb.cancel = [&job] { return job.cancel_requested.load(); };
     if (job.previews) {
-      cb.preview = [&, i](int step, int total, const Image& img) {
+      cb.preview = [&](int step, int total, const Image& img) {
         // JPEG: a preview is looked at once and replaced; it should be small and quick to make.
         auto jpg = encode_image(img, ImageFileFormat::kJpeg, {}, 80);
         if (!jpg.ok()) return;
@@ -385,9 +400,10 @@ void JobQueue::execute(Job& job) {
         job.cv_.notify_all();
       };
     } else if (spec.stream && spec.partial_images > 0) {
-      cb.preview = [&, i, sent = 0](int step, int total, const Image& img) mutable {
+      cb.preview = [&, sent = 0, image = 0](int step, int total, const Image& img) mutable {
         // partial_images previews spread evenly over the steps: preview k (0-based) once
         // step ≥ (k+1)·total/(partial_images+1), rounded up; fewer when there are fewer steps.
+        if (image != i) sent = 0, image = i;  // counted per image
         const int k = sent;
         if (k >= spec.partial_images || step * (spec.partial_images + 1) < (k + 1) * total) return;
         ++sent;
@@ -401,23 +417,27 @@ void JobQueue::execute(Job& job) {
                                         {"image", i}, {"step", step}, {"total", total}}));
       };
     }
-    auto r = model_->generate(req, cb);
-    if (!r.ok()) {
-      const ApiError e = from_status(r.status(), spec.references.empty() ? "" : "image");
-      job.finish(r.status().code() == Code::kCancelled ? JobState::kCancelled : JobState::kFailed, &e, finish_delay);
+    auto batch = model_->generate_batch(req, seeds, cb);
+    if (!batch.ok()) {
+      const ApiError e = from_status(batch.status(), spec.references.empty() ? "" : "image");
+      job.finish(batch.status().code() == Code::kCancelled ? JobState::kCancelled : JobState::kFailed, &e,
+                 finish_delay);
       return;
     }
-    auto file = encode_image(r->image, spec.format, r->metadata, spec.quality);
-    if (!file.ok()) {
-      const ApiError e = from_status(file.status());
-      job.finish(JobState::kFailed, &e, finish_delay);
-      return;
+    for (size_t k = 0; k < batch->size(); ++k) {
+      const GenerateResult& r = (*batch)[k];
+      auto file = encode_image(r.image, spec.format, r.metadata, spec.quality);
+      if (!file.ok()) {
+        const ApiError e = from_status(file.status());
+        job.finish(JobState::kFailed, &e, finish_delay);
+        return;
+      }
+      images.push_back({base64_encode(*file), seeds[k]});
+      std::lock_guard<std::mutex> lock(job.mu_);
+      job.width_ = r.width;
+      job.height_ = r.height;
+      job.steps_ = r.steps;
     }
-    images.push_back({base64_encode(*file), req.seed});
-    std::lock_guard<std::mutex> lock(job.mu_);
-    job.width_ = r->width;
-    job.height_ = r->height;
-    job.steps_ = r->steps;
   }
   {
     std::lock_guard<std::mutex> lock(job.mu_);

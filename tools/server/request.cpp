@@ -14,7 +14,8 @@ using nlohmann::json;
 // moderation, user ids) are accepted and ignored; anything else unknown is an error.
 const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user"};
 const std::set<std::string> kKnown = {"prompt", "n", "size", "response_format", "seed", "steps", "output_format",
-                                      "output_compression", "stream", "partial_images", "input_fidelity"};
+                                      "output_compression", "stream", "partial_images", "input_fidelity",
+                                      "guidance_scale", "negative_prompt"};
 
 // An integer field: a JSON integer, or (from a form) decimal text.
 std::optional<ApiError> get_uint(const json& v, const std::string& name, uint64_t lo, uint64_t hi, uint64_t* out) {
@@ -104,6 +105,23 @@ std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpe
     } else if (key == "partial_images") {
       if (auto e = get_uint(v, key, 0, 3, &x)) return e;
       out->partial_images = static_cast<int>(x);
+    } else if (key == "guidance_scale") {
+      // A JSON number, or (from a form) decimal text: 0 to 100 (base models; distilled ones ignore it).
+      double g = -1;
+      if (v.is_number()) {
+        g = v.get<double>();
+      } else if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), g);
+        if (ec != std::errc() || p != s.data() + s.size()) g = -1;
+      }
+      if (!(g >= 0 && g <= 100)) return invalid(key, "'guidance_scale' must be a number from 0 to 100");
+      out->guidance_scale = g;
+    } else if (key == "negative_prompt") {
+      if (!v.is_string()) return invalid(key, "'negative_prompt' must be a string");
+      if (v.get_ref<const std::string&>().size() > lim.max_prompt_bytes)
+        return invalid(key, "'negative_prompt' is longer than " + std::to_string(lim.max_prompt_bytes) + " bytes");
+      out->negative_prompt = v.get<std::string>();
     } else if (key == "input_fidelity") {
       // OpenAI's knob for how closely an edit keeps the input's features: klein has no such
       // control, and accepting it would promise a difference that never happens.

@@ -21,6 +21,8 @@ struct JobSpec {
   int width = 0, height = 0;  // 0: the default (1024, or the first reference's size)
   int steps = 0;              // 0: the model's default
   uint64_t seed = 0;          // image i uses seed + i
+  double guidance_scale = -1; // base models' classifier-free guidance (< 0: the default 4.0)
+  std::string negative_prompt;
   ImageFileFormat format = ImageFileFormat::kPng;
   std::string format_name = "png";
   int quality = 90;  // JPEG / WebP
