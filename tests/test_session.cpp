@@ -81,6 +81,7 @@ TEST_P(BaseModelRef, MatchesDiffusersWithGuidance) {
   const fs::path dump = klein::testing::make_temp_dir("base_ref");
   klein::LoadOptions lo;
   lo.threads = 2;
+  lo.precision = klein::Precision::kFp32;  // the exact path is diffusers' float32 pipeline
   auto model = klein::Model::open(tiny_base(), lo);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   EXPECT_FALSE((*model)->distilled());
