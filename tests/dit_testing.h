@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "io/npy.h"
 #include "models/flux2_dit.h"
@@ -17,6 +20,21 @@ inline NpyArray must_read_npy(const std::filesystem::path& p) {
   auto r = read_npy(p);
   EXPECT_TRUE(r.ok()) << p << ": " << r.status().to_string();
   return r.ok() ? std::move(*r) : NpyArray{};
+}
+
+// The array at `p` as float32 (empty, with a failed expectation, when it does not read).
+inline std::vector<float> must_read_f32(const std::filesystem::path& p) { return must_read_npy(p).to_f32(); }
+
+// max |a - b| / max |b|: the relative error the reference tests bound. Arrays of different sizes,
+// or empty ones (an unread file), give 1e30, so a missing dump fails the bound instead of passing it.
+inline double max_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return 1e30;
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+    m = std::max(m, static_cast<double>(std::fabs(b[i])));
+  }
+  return m > 0 ? d / m : d;
 }
 
 // An [n, 4] integer array (diffusers' img_ids / txt_ids) as position ids.

@@ -11,9 +11,12 @@
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "klein/klein.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
+using klein::testing::max_rel_err;
+using klein::testing::must_read_f32;
 
 namespace {
 
@@ -45,21 +48,6 @@ std::vector<T2ICase> t2i_cases() {
   return r;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
-    m = std::max(m, static_cast<double>(std::fabs(b[i])));
-  }
-  return m > 0 ? d / m : d;
-}
-
-std::vector<float> load(const fs::path& p) {
-  auto a = klein::read_npy(p);
-  EXPECT_TRUE(a.ok()) << a.status().to_string();
-  return a.ok() ? a->to_f32() : std::vector<float>{};
-}
-
 class TextToImageRef : public ::testing::TestWithParam<T2ICase> {};
 
 TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
@@ -83,17 +71,17 @@ TEST_P(TextToImageRef, MatchesDiffusersPipeline) {
   EXPECT_EQ(r->height, c.height);
 
   if (!c.refs.empty()) {  // normalised packed reference tokens, as prepare_image_latents returns them
-    const double e = rel_err(load(dump / "ref_latents.npy"), load(ref / "ref_latents.npy"));
+    const double e = max_rel_err(must_read_f32(dump / "ref_latents.npy"), must_read_f32(ref / "ref_latents.npy"));
     EXPECT_LE(e, 1e-5) << "ref_latents";
   }
   // Seeded noise is bit-identical to torch's.
-  EXPECT_EQ(load(dump / "noise.npy"), load(ref / "noise.npy"));
+  EXPECT_EQ(must_read_f32(dump / "noise.npy"), must_read_f32(ref / "noise.npy"));
   for (int k = 1; k <= c.steps; ++k) {
     const std::string n = "latents_step" + std::to_string(k) + ".npy";
-    EXPECT_LE(rel_err(load(dump / n), load(ref / n)), 1e-4) << n;
+    EXPECT_LE(max_rel_err(must_read_f32(dump / n), must_read_f32(ref / n)), 1e-4) << n;
   }
-  EXPECT_LE(rel_err(load(dump / "latents_final.npy"), load(ref / "latents_final.npy")), 1e-4);
-  const double img_err = rel_err(load(dump / "image.npy"), load(ref / "image.npy"));
+  EXPECT_LE(max_rel_err(must_read_f32(dump / "latents_final.npy"), must_read_f32(ref / "latents_final.npy")), 1e-4);
+  const double img_err = max_rel_err(must_read_f32(dump / "image.npy"), must_read_f32(ref / "image.npy"));
   EXPECT_LE(img_err, 1e-4) << "float image";
 
   // 8-bit output: equal in >= 99.9 % of samples, never more than 1 apart.

@@ -11,9 +11,12 @@
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "klein/klein.h"
+#include "dit_testing.h"
 #include "testing.h"
 
 namespace fs = std::filesystem;
+using klein::testing::max_rel_err;
+using klein::testing::must_read_f32;
 
 namespace {
 
@@ -55,22 +58,6 @@ std::vector<BaseCase> base_cases() {
   return r;
 }
 
-double session_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return 1e30;
-  double d = 0, m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
-    m = std::max(m, static_cast<double>(std::fabs(b[i])));
-  }
-  return m > 0 ? d / m : d;
-}
-
-std::vector<float> session_load(const fs::path& p) {
-  auto a = klein::read_npy(p);
-  EXPECT_TRUE(a.ok()) << a.status().to_string();
-  return a.ok() ? a->to_f32() : std::vector<float>{};
-}
-
 class BaseModelRef : public ::testing::TestWithParam<BaseCase> {};
 
 // Every step's guided velocity and latents, the decoder input, the float image and the 8-bit
@@ -105,19 +92,19 @@ TEST_P(BaseModelRef, MatchesDiffusersWithGuidance) {
   if (c.cfg) {
     const fs::path neg = c.negative.empty() ? klein::testing::data_dir() / "ref" / "te_empty" / "prompt_embeds.npy"
                                             : ref / "negative_prompt_embeds.npy";
-    EXPECT_LE(session_rel_err(session_load(dump / "negative_prompt_embeds.npy"), session_load(neg)), 1e-5);
+    EXPECT_LE(max_rel_err(must_read_f32(dump / "negative_prompt_embeds.npy"), must_read_f32(neg)), 1e-5);
   } else {
     EXPECT_FALSE(fs::exists(dump / "negative_prompt_embeds.npy")) << "guidance 1: no negative prompt";
   }
-  EXPECT_EQ(session_load(dump / "noise.npy"), session_load(ref / "noise.npy"));
+  EXPECT_EQ(must_read_f32(dump / "noise.npy"), must_read_f32(ref / "noise.npy"));
   for (int k = 1; k <= c.steps; ++k) {
     for (const char* what : {"velocity_step", "latents_step"}) {
       const std::string n = what + std::to_string(k) + ".npy";
-      EXPECT_LE(session_rel_err(session_load(dump / n), session_load(ref / n)), 1e-4) << n;
+      EXPECT_LE(max_rel_err(must_read_f32(dump / n), must_read_f32(ref / n)), 1e-4) << n;
     }
   }
-  EXPECT_LE(session_rel_err(session_load(dump / "latents_final.npy"), session_load(ref / "latents_final.npy")), 1e-4);
-  const double img_err = session_rel_err(session_load(dump / "image.npy"), session_load(ref / "image.npy"));
+  EXPECT_LE(max_rel_err(must_read_f32(dump / "latents_final.npy"), must_read_f32(ref / "latents_final.npy")), 1e-4);
+  const double img_err = max_rel_err(must_read_f32(dump / "image.npy"), must_read_f32(ref / "image.npy"));
   EXPECT_LE(img_err, 1e-4) << "float image";
   auto u8 = klein::read_npy(ref / "image_u8.npy");
   ASSERT_TRUE(u8.ok());
