@@ -1,5 +1,5 @@
 // The parts of a multipart/form-data request (/v1/images/edits) as `klein serve` validates them:
-// text fields turned into JSON values, `image` / `image[]` uploads, repeats and the mask refusal.
+// text fields turned into JSON values, `image` / `image[]` uploads, repeats and the `mask` part.
 // httplib splits the body into parts; the input here is those parts, separated by "\n--\n",
 // each "name\0filename\0content type\0content" (missing pieces empty). The first byte picks
 // whether an image is required (edits) or not.

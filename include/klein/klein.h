@@ -182,6 +182,13 @@ struct DenoiseParams {
   FloatArray noise;          // if not empty: the initial noise [1, 128, H/16, W/16] instead of `seed`
   std::string noise_name;    // names `noise` in error messages (e.g. its .npy path)
   DumpOptions dump;
+  // Schedule overrides, as diffusers allows them. sigmas: the custom sigmas of
+  // Flux2KleinPipeline(sigmas=..., num_inference_steps=len(sigmas)) (1 to 1000 values in [0, 1],
+  // shifted by the scheduler as its linspace would be); steps must then be 0 or their count.
+  // shift > 0: the scheduler with use_dynamic_shifting false and that static shift
+  // (shift·σ / (1 + (shift − 1)·σ)) in place of the resolution-dependent mu; 0: the config's.
+  std::vector<double> sigmas;
+  double shift = 0;
 };
 
 // An encoded image file held in memory (PNG/JPEG/WebP bytes, detected from the content): decoded
@@ -190,6 +197,25 @@ struct DenoiseParams {
 struct ReferenceImage {
   std::string name;
   std::vector<uint8_t> data;
+};
+
+// Inpainting and image-to-image, as diffusers' Flux2KleinInpaintPipeline: the output takes the
+// source image's size (above 1024² pixels scaled down to about 1024², then resized to multiples
+// of 16), denoising starts from the source's latents noised to the strength's step, and after
+// every step the source (noised to the next step) is put back where the mask keeps it. The source
+// is also the first reference image of every step (further references follow it).
+struct InitImage {
+  std::string path;          // the source image file (PNG/JPEG/WebP); or
+  ReferenceImage data;       // the source from memory (used when path is empty)
+  // The mask: white = repaint, black = keep (grey levels binarised at 50% after resizing to the
+  // image's size, whatever its own). None: image-to-image (everything repainted).
+  std::string mask_path;
+  ReferenceImage mask_data;  // the mask from memory (used when mask_path is empty)
+  // How far from the source: of the N steps' schedule, the steps from int(N − N·strength) on run
+  // (diffusers' get_timesteps); 1 starts from pure noise. (0, 1]; < 0: 0.8 (diffusers' default).
+  double strength = -1;
+  bool empty() const { return path.empty() && data.data.empty(); }
+  bool has_mask() const { return !mask_path.empty() || !mask_data.data.empty(); }
 };
 
 struct GenerateRequest {
@@ -207,6 +233,12 @@ struct GenerateRequest {
   std::vector<std::string> reference_images;  // editing: 1..N image files (PNG/JPEG/WebP)
   DumpOptions dump;
   std::vector<ReferenceImage> reference_data;  // editing from memory: after reference_images, in order
+  // Inpainting / image-to-image (empty: none). The output then has the source's size (width and
+  // height are not used) and, on base models, guidance_scale < 0 means 8.0 (the inpainting
+  // pipeline's default).
+  InitImage init_image;
+  std::vector<double> sigmas;  // schedule overrides, as DenoiseParams
+  double shift = 0;
 };
 
 struct GenerateResult {
@@ -368,6 +400,11 @@ class KLEIN_API Session {
   // file fails here, before any model work); the first denoise VAE-encodes them once (with
   // MemoryPolicy::kLow the Session then keeps the VAE mapped for its decodes, until it ends).
   Status set_references(const std::vector<std::string>& paths, const std::vector<ReferenceImage>& data = {});
+  // Inpainting / image-to-image (InitImage): the source and the mask are read and preprocessed
+  // now (a bad file or a strength outside (0, 1] fails here); the first denoise VAE-encodes the
+  // source with the references. Before the first denoise, once. denoise then makes the source's
+  // size, and on base models a guidance scale left at its default (< 0) becomes 8.0.
+  Status set_init_image(const InitImage& init);
   // Noise from params (seed or given noise), then the denoising loop; the latents stay in the
   // Session for decode (and latents()). Needs the prompt's embeddings.
   Status denoise(const DenoiseParams& params, const Callbacks& callbacks = {});

@@ -123,6 +123,12 @@ typedef struct klein_generate_params {
    * -1): 4.0; guidance runs above 1; distilled models ignore it (with a note through log). */
   double guidance_scale;
   const char* negative_prompt; /* NULL: "" (diffusers' only negative prompt) */
+  /* Inpainting / image-to-image (klein.h InitImage): NULL: none; else the source image file, which
+   * sets the output size. mask_image: NULL for image-to-image, else white = repaint. strength in
+   * (0, 1]; < 0 (the default params' -1): 0.8. */
+  const char* init_image;
+  const char* mask_image;
+  double strength;
 } klein_generate_params;
 
 /* A Session (klein.h): encode the prompt once, then denoise + decode any number of seeds. */
@@ -167,6 +173,10 @@ KLEIN_API klein_status klein_session_encode_prompt(klein_session* session, const
 /* Editing: num_paths reference image files (PNG/JPEG/WebP), before the first denoise. */
 KLEIN_API klein_status klein_session_set_references(klein_session* session, const char* const* paths, int num_paths,
                                                     klein_error* err);
+/* Inpainting / image-to-image (klein.h Session::set_init_image): the source image file, the mask
+   (NULL: image-to-image) and the strength (< 0: 0.8), before the first denoise. */
+KLEIN_API klein_status klein_session_set_init_image(klein_session* session, const char* image, const char* mask,
+                                                   double strength, klein_error* err);
 KLEIN_API klein_status klein_session_denoise(klein_session* session, const klein_denoise_params* params,
                                              klein_error* err);
 /* The last denoise's latents through the VAE; *out receives a new image (klein_image_free). */

@@ -92,6 +92,7 @@ klein_generate_params klein_generate_default_params(void) {
   klein_generate_params p;
   std::memset(&p, 0, sizeof p);
   p.guidance_scale = -1;
+  p.strength = -1;
   return p;
 }
 
@@ -173,6 +174,11 @@ klein_status klein_model_generate(klein_model* model, const klein_generate_param
     req.bf16_noise = params->bf16_noise != 0;
     req.guidance_scale = params->guidance_scale;
     if (params->negative_prompt) req.negative_prompt = params->negative_prompt;
+    if (params->mask_image && !params->init_image)
+      return klein::invalid_argument("klein_model_generate: mask_image needs init_image (the source image)");
+    if (params->init_image) req.init_image.path = params->init_image;
+    if (params->mask_image) req.init_image.mask_path = params->mask_image;
+    req.init_image.strength = params->strength;
     for (int i = 0; i < params->num_reference_images; ++i) {
       if (!params->reference_images[i])
         return klein::invalid_argument("klein_model_generate: reference_images[" + std::to_string(i) + "] is NULL");
@@ -230,6 +236,20 @@ klein_status klein_session_set_references(klein_session* session, const char* co
       v.emplace_back(paths[i]);
     }
     return session->session->set_references(v);
+  });
+  return report(s, err);
+}
+
+klein_status klein_session_set_init_image(klein_session* session, const char* image, const char* mask,
+                                          double strength, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_session_set_init_image", [&]() -> klein::Status {
+    if (!session || !session->session) return klein::invalid_argument("klein_session_set_init_image: session is NULL");
+    if (!image) return klein::invalid_argument("klein_session_set_init_image: image is NULL");
+    klein::InitImage in;
+    in.path = image;
+    if (mask) in.mask_path = mask;
+    in.strength = strength;
+    return session->session->set_init_image(in);
   });
   return report(s, err);
 }

@@ -111,6 +111,9 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   // Guidance: the negative prompt's embeddings (on the host and the device) and the second
   // velocity [N, 128] next to the first.
   if (r.cfg) n.dit_activations += 2 * L * dit.joint_attention_dim * kF + N * dit.in_channels * kF;
+  // Inpainting: the source's packed latents, the packed noise and the re-noised source [N, 128]
+  // each, and the mask's weights (its tokens are counted in ref_tokens as the first reference).
+  if (r.inpaint) n.dit_activations += 3 * N * dit.in_channels * kF + N * kF;
 
   // VAE decode: about three activations of the widest full-resolution block (Flux2Vae::tile_size),
   // the image, and the latent-level activations kept whole while tiling.

@@ -34,6 +34,7 @@ struct RequestShape {
   int threads = 1;
   bool editing = false;
   bool cfg = false;               // classifier-free guidance: negative embeddings, a second velocity
+  bool inpaint = false;           // inpainting / image-to-image: the source's tokens, noise and mask kept
 };
 MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Flux2Config& dit,
                            const Flux2VaeConfig& vae, const RequestShape& r);

@@ -18,6 +18,7 @@
 #include "io/json_file.h"
 #include "io/npy.h"
 #include "pipeline/denoise.h"
+#include "pipeline/inpaint.h"
 #include "pipeline/image_preprocess.h"
 #include "pipeline/noise.h"
 
@@ -89,7 +90,8 @@ VaeTiling Model::Impl::vae_tiling() const {
 }
 
 Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
-                                 const std::function<void(const std::string&)>& log, bool encode_only, bool cfg) const {
+                                 const std::function<void(const std::string&)>& log, bool encode_only, bool cfg,
+                                 bool inpaint) const {
   plan.reset();
   if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
   api::RequestShape r;
@@ -97,6 +99,7 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.height = height;
   r.ref_tokens = ref_tokens;
   r.editing = ref_tokens > 0;
+  r.inpaint = inpaint;
   r.cfg = cfg;
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
@@ -137,6 +140,23 @@ Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int st
   g.steps = steps > 0 ? steps : (distilled ? 4 : 50);  // diffusers' 50; BFL's 4 for distilled models
   if (steps < 0 || g.steps > 1000) return invalid_argument("steps must be between 1 and 1000");
   return g;
+}
+
+Status Model::Impl::set_schedule(Geometry& g, int steps, const std::vector<double>& sigmas, double shift) {
+  if (!std::isfinite(shift) || shift < 0 || shift > 1000)
+    return invalid_argument("shift " + format_scale(shift) + ": must be a number from 0 (none) to 1000");
+  g.shift = shift;
+  if (sigmas.empty()) return Status::Ok();
+  if (sigmas.size() > 1000) return invalid_argument("sigmas: " + std::to_string(sigmas.size()) + " values (at most 1000)");
+  for (size_t i = 0; i < sigmas.size(); ++i)
+    if (!(sigmas[i] >= 0 && sigmas[i] <= 1))
+      return invalid_argument("sigmas[" + std::to_string(i) + "] " + format_scale(sigmas[i]) + ": must be in [0, 1]");
+  if (steps > 0 && steps != static_cast<int>(sigmas.size()))
+    return invalid_argument("steps " + std::to_string(steps) + " and " + std::to_string(sigmas.size()) +
+                            " sigmas: the steps are the sigmas' count (leave steps at 0)");
+  g.sigmas = sigmas;
+  g.steps = static_cast<int>(sigmas.size());
+  return Status::Ok();
 }
 
 Result<Model::Impl::Guidance> Model::Impl::guidance(double requested,
@@ -191,12 +211,36 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, 
                                     const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
                                     const RunContext& ctx,
                                     const std::function<void(int, int, const Image&)>& preview,
-                                    std::shared_ptr<const Flux2Transformer> held) const {
+                                    std::shared_ptr<const Flux2Transformer> held, const Inpaint* inpaint) const {
   KLEIN_RETURN_IF_ERROR(check_embeds(embeds));
   if (uncond) KLEIN_RETURN_IF_ERROR(check_embeds(*uncond));
   const int64_t th = g.height / 16, tw = g.width / 16;
-  KLEIN_ASSIGN_OR_RETURN(auto schedule, make_klein_schedule(sched_cfg, g.steps, th * tw));
+  // diffusers' sigmas= (shifted with mu of their count), and a static shift from a scheduler
+  // config with use_dynamic_shifting false.
+  FlowMatchConfig sc = sched_cfg;
+  if (g.shift > 0) {
+    sc.use_dynamic_shifting = false;
+    sc.shift = g.shift;
+  }
+  Schedule schedule;
+  if (g.sigmas.empty()) {
+    KLEIN_ASSIGN_OR_RETURN(schedule, make_klein_schedule(sc, g.steps, th * tw));
+  } else {
+    KLEIN_ASSIGN_OR_RETURN(schedule, flow_match_set_timesteps(sc, g.sigmas, compute_empirical_mu(th * tw, g.steps)));
+  }
   ctx.dump("noise", noise);
+  // Inpainting: the last steps of the schedule, from the source latents noised to the first.
+  std::optional<InpaintRun> inpaint_run;
+  StepHooks hooks;
+  if (inpaint) {
+    schedule = cut_schedule(schedule, strength_start_step(g.steps, inpaint->strength));
+    Tensor start;
+    KLEIN_ASSIGN_OR_RETURN(inpaint_run, InpaintRun::make(*inpaint->image_latents, noise, *inpaint->mask, schedule,
+                                                         &start, ctx));
+    noise = std::move(start);
+    hooks = inpaint_run->hooks();  // refers to *inpaint_run, which outlives the loop
+  }
+  const StepHooks* hk = inpaint_run ? &hooks : nullptr;
   KLEIN_ASSIGN_OR_RETURN(auto refs, pack_reference_tokens(ref_latents, ctx));
   std::optional<StepPreview> sp;
   if (preview) {
@@ -228,9 +272,9 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, 
     predictor = std::make_unique<PlainPredictor>(*m, cond);
   if (plan && plan->stream_dit) {
     api::BlockStreamer streamer(*m);
-    return run_denoise(*predictor, refs, std::move(noise), schedule, streamer.hooked(ctx), sp ? &*sp : nullptr);
+    return run_denoise(*predictor, refs, std::move(noise), schedule, streamer.hooked(ctx), sp ? &*sp : nullptr, hk);
   }
-  return run_denoise(*predictor, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr);
+  return run_denoise(*predictor, refs, std::move(noise), schedule, ctx, sp ? &*sp : nullptr, hk);
 }
 
 // The noise for a request: the caller's (checked against the size) or torch's seeded draw.
@@ -431,6 +475,7 @@ Result<Latents> Model::denoise(const PromptEmbeddings& prompt, const ReferenceLa
     std::pair<int, int> first;
     if (!refs.empty()) first = {static_cast<int>(refs[0].dim(3) * 16), static_cast<int>(refs[0].dim(2) * 16)};
     KLEIN_ASSIGN_OR_RETURN(auto g, impl_->resolve(p.width, p.height, p.steps, refs.empty() ? nullptr : &first, cb.log));
+    KLEIN_RETURN_IF_ERROR(Impl::set_schedule(g, p.steps, p.sigmas, p.shift));
     KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&p.noise, p.noise_name, g.width, g.height, p.seed, p.bf16_noise));
     Dumper dumper(p.dump.dir, p.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());

@@ -62,7 +62,7 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   // encode_only: a prompt encoded on its own (Model::encode_prompt), the text encoder's phase alone.
   // cfg: the request runs classifier-free guidance (a second prediction, negative embeddings).
   Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log,
-                      bool encode_only = false, bool cfg = false) const;
+                      bool encode_only = false, bool cfg = false, bool inpaint = false) const;
   // The VAE's tiling from the load options (and the plan).
   VaeTiling vae_tiling() const;
 
@@ -70,9 +70,13 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   // with a note through `log`) and the step count (0: 4 distilled, 50 base).
   struct Geometry {
     int width = 0, height = 0, steps = 0;
+    std::vector<double> sigmas;  // custom sigmas (steps == their count); empty: the linspace
+    double shift = 0;            // > 0: a static shift in place of the dynamic one
   };
   Result<Geometry> resolve(int width, int height, int steps, const std::pair<int, int>* first_ref,
                            const std::function<void(const std::string&)>& log) const;
+  // The schedule overrides of DenoiseParams (checked; `steps` the steps asked for, 0: none).
+  static Status set_schedule(Geometry& g, int steps, const std::vector<double>& sigmas, double shift);
   // The guidance scale a request runs with: `requested` (< 0: the model's default, 4.0) and
   // whether CFG is on (base models at a scale > 1, as diffusers' do_classifier_free_guidance).
   struct Guidance {
@@ -92,10 +96,19 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   // else null. With `preview` set, it is called after every step (a live preview, pipeline/preview.h).
   // `held`: the transformer, already loaded by the caller (a batch keeps it for all its seeds);
   // null: loaded here (kLow: released on return).
+  // Inpainting / image-to-image (pipeline/inpaint.h): the source's normalised latents
+  // [1, 128, th, tw] (also ref_latents[0]), one mask weight per token, the strength in (0, 1].
+  struct Inpaint {
+    const Tensor* image_latents = nullptr;
+    const std::vector<float>* mask = nullptr;
+    double strength = 1.0;
+  };
+  // `inpaint`: the schedule cut by the strength, the start noised from the source latents and
+  // the mask's blend after every step (null: text-to-image / editing).
   Result<Tensor> denoise(const Tensor& embeds, const Tensor* uncond, float guidance_scale,
                          const std::vector<Tensor>& ref_latents, const Geometry& g, Tensor noise,
                          const RunContext& ctx, const std::function<void(int, int, const Image&)>& preview = {},
-                         std::shared_ptr<const Flux2Transformer> held = nullptr) const;
+                         std::shared_ptr<const Flux2Transformer> held = nullptr, const Inpaint* inpaint = nullptr) const;
 };
 
 // The noise for a request: `given` (checked against the size; `name` names it in errors) or

@@ -10,6 +10,7 @@
 #include "io/npy.h"
 #include "pipeline/denoise.h"
 #include "pipeline/image_preprocess.h"
+#include "pipeline/inpaint.h"
 
 namespace klein {
 
@@ -27,6 +28,14 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
   bool refs_set = false;
   std::shared_ptr<const Flux2Vae> vae;  // held from the references' encode to a decode (editing)
   std::shared_ptr<const Flux2Transformer> dit;  // held by a batch across its denoises (else null)
+
+  // Inpainting / image-to-image (set_init_image): the preprocessed source until the first denoise
+  // encodes it (its latents are then ref_latents[0]), the mask's token weights, the strength.
+  bool inpaint = false;
+  std::optional<Tensor> source_pixels;
+  std::vector<float> mask;
+  double strength = 1.0;
+  std::string source_name, mask_name;
 
   std::optional<Tensor> latents;  // the last denoise's [1, 128, th, tw]
   Model::Impl::Geometry g;
@@ -88,21 +97,73 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
     prepared = std::move(p);
     refs_set = true;
     first_ref.reset();
-    ref_tokens = 0;
+    ref_tokens = inpaint ? static_cast<int64_t>(mask.size()) : 0;  // an inpainting source is a reference too
     if (!prepared.empty())
       first_ref = {static_cast<int>(prepared[0].pixels.dim(3)), static_cast<int>(prepared[0].pixels.dim(2))};
     for (const auto& r : prepared) ref_tokens += (r.pixels.dim(2) / 16) * (r.pixels.dim(3) / 16);
     return Status::Ok();
   }
 
-  Result<Model::Impl::Geometry> geometry(int width, int height, int steps,
-                                         const std::function<void(const std::string&)>& log) const {
-    return m->resolve(width, height, steps, first_ref ? &*first_ref : nullptr, log);
+  // Reads the source (a file, else bytes), the mask (none: all repainted) and the strength.
+  Status set_init_image(const InitImage& in) {
+    if (latents) return invalid_argument("Session::set_init_image: the source image must be set before the first denoise");
+    if (inpaint) return invalid_argument("Session::set_init_image: a source image was already set for this session");
+    if (in.empty()) return invalid_argument("Session::set_init_image: no source image (a path or encoded bytes)");
+    const double st = in.strength < 0 ? kInpaintDefaultStrength : in.strength;
+    if (!(st > 0 && st <= 1))
+      return invalid_argument("strength " + format_scale(in.strength) + ": must be in (0, 1] (1: start from pure noise)");
+    auto read = [](const std::string& path, const ReferenceImage& data, const char* what) -> Result<Image> {
+      if (!path.empty()) return read_image(path);
+      return decode_image(data.data.data(), data.data.size(), data.name.empty() ? std::string(what) : data.name);
+    };
+    const std::string name = in.path.empty() ? (in.data.name.empty() ? "source image" : in.data.name) : in.path;
+    KLEIN_ASSIGN_OR_RETURN(Image src, read(in.path, in.data, "source image"));
+    KLEIN_ASSIGN_OR_RETURN(Tensor pixels, preprocess_source_image(src, name));
+    const int w = static_cast<int>(pixels.dim(3)), h = static_cast<int>(pixels.dim(2));
+    std::vector<float> weights(static_cast<size_t>(w / 16) * (h / 16), 1.0f);  // image-to-image: all repainted
+    std::string mname;
+    if (in.has_mask()) {
+      mname = in.mask_path.empty() ? (in.mask_data.name.empty() ? "mask" : in.mask_data.name) : in.mask_path;
+      KLEIN_ASSIGN_OR_RETURN(Image mk, read(in.mask_path, in.mask_data, "mask"));
+      weights = preprocess_mask(mk, w, h);
+    }
+    // The inpainting pipeline's own default guidance (base models; distilled ones ignore it).
+    if (options.guidance_scale < 0) {
+      KLEIN_ASSIGN_OR_RETURN(gd, m->guidance(kInpaintDefaultGuidance, nullptr));
+    }
+    source_pixels = std::move(pixels);
+    mask = std::move(weights);
+    strength = st;
+    source_name = name;
+    mask_name = mname;
+    inpaint = true;
+    ref_tokens += static_cast<int64_t>(mask.size());
+    return Status::Ok();
   }
 
+  Result<Model::Impl::Geometry> geometry(int width, int height, int steps,
+                                         const std::function<void(const std::string&)>& log) const {
+    if (inpaint) {  // the source's size, as the pipeline (its width/height arguments are overwritten)
+      const int w = static_cast<int>(source_w()), h = static_cast<int>(source_h());
+      if (log && ((width > 0 && width != w) || (height > 0 && height != h)))
+        log("the output takes the source image's size " + std::to_string(w) + "x" + std::to_string(h) +
+            " (as diffusers' inpainting pipeline); the width and height asked for are not used");
+      return m->resolve(w, h, steps, nullptr, log);
+    }
+    return m->resolve(width, height, steps, first_ref ? &*first_ref : nullptr, log);
+  }
+  // The source's preprocessed size (inpainting), from its pixels or, once encoded, its latents.
+  int64_t source_w() const { return source_pixels ? source_pixels->dim(3) : ref_latents.at(0).dim(3) * 16; }
+  int64_t source_h() const { return source_pixels ? source_pixels->dim(2) : ref_latents.at(0).dim(2) * 16; }
+
   // The references through the VAE, once (the first denoise); the VAE is held for the decode.
+  // Inpainting: the source is encoded first, as the first reference.
   Status encode_references(const RunContext& ctx) {
-    if (prepared.empty()) return Status::Ok();
+    if (prepared.empty() && !source_pixels) return Status::Ok();
+    if (source_pixels) {
+      prepared.insert(prepared.begin(), PreparedReference{source_name, std::move(*source_pixels)});
+      source_pixels.reset();
+    }
     KLEIN_ASSIGN_OR_RETURN(vae, m->vae_model());
     KLEIN_ASSIGN_OR_RETURN(ref_latents, encode_reference_latents(*vae, prepared, ctx, m->vae_tiling()));
     prepared.clear();  // pixels no longer needed
@@ -114,8 +175,14 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
     KLEIN_RETURN_IF_ERROR(need_prompt("denoise"));
     KLEIN_RETURN_IF_ERROR(encode_references(ctx));
     latents.reset();
+    Model::Impl::Inpaint ip;
+    if (inpaint) {
+      ip.image_latents = &ref_latents.at(0);
+      ip.mask = &mask;
+      ip.strength = strength;
+    }
     KLEIN_ASSIGN_OR_RETURN(Tensor z, m->denoise(*cond, uncond ? &*uncond : nullptr, gd.scale, ref_latents, geo,
-                                                std::move(noise), ctx, preview, dit));
+                                                std::move(noise), ctx, preview, dit, inpaint ? &ip : nullptr));
     latents = std::move(z);
     g = geo;
     return Status::Ok();
@@ -192,17 +259,22 @@ Status Session::set_references(const std::vector<std::string>& paths, const std:
   return api::guarded("Session::set_references", [&]() -> Status { return impl_->set_references(paths, data); });
 }
 
+Status Session::set_init_image(const InitImage& init) {
+  return api::guarded("Session::set_init_image", [&]() -> Status { return impl_->set_init_image(init); });
+}
+
 Status Session::denoise(const DenoiseParams& p, const Callbacks& cb) {
   return api::guarded("Session::denoise", [&]() -> Status {
     Impl& s = *impl_;
     KLEIN_RETURN_IF_ERROR(s.need_prompt("denoise"));
     std::lock_guard<std::mutex> lock(s.m->mu);
     KLEIN_ASSIGN_OR_RETURN(auto g, s.geometry(p.width, p.height, p.steps, cb.log));
+    KLEIN_RETURN_IF_ERROR(Model::Impl::set_schedule(g, p.steps, p.sigmas, p.shift));
     KLEIN_ASSIGN_OR_RETURN(Tensor noise, make_noise(&p.noise, p.noise_name, g.width, g.height, p.seed, p.bf16_noise));
     Dumper dumper(p.dump.dir, p.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
     const RunContext ctx = api::make_run_context(*s.m->engine, &dumper, cb);
-    KLEIN_RETURN_IF_ERROR(s.m->plan_request(g.width, g.height, s.ref_tokens, cb.log, false, s.gd.cfg));
+    KLEIN_RETURN_IF_ERROR(s.m->plan_request(g.width, g.height, s.ref_tokens, cb.log, false, s.gd.cfg, s.inpaint));
     KLEIN_RETURN_IF_ERROR(s.denoise(g, std::move(noise), ctx, cb.preview));
     return dumper.status();
   });
@@ -261,7 +333,9 @@ Result<std::vector<GenerateResult>> Model::generate_batch(const GenerateRequest&
     KLEIN_ASSIGN_OR_RETURN(s.gd, m.guidance(req.guidance_scale, cb.log));
     // Reference images are read and preprocessed before any model work: a bad file fails fast.
     KLEIN_RETURN_IF_ERROR(s.set_references(req.reference_images, req.reference_data));
+    if (!req.init_image.empty()) KLEIN_RETURN_IF_ERROR(s.set_init_image(req.init_image));
     KLEIN_ASSIGN_OR_RETURN(auto g, s.geometry(req.width, req.height, req.steps, cb.log));
+    KLEIN_RETURN_IF_ERROR(Model::Impl::set_schedule(g, req.steps, req.sigmas, req.shift));
     // The initial noise too (cheap, and a bad --noise file fails fast).
     FloatArray given;
     if (!req.noise_npy.empty()) {
@@ -281,7 +355,7 @@ Result<std::vector<GenerateResult>> Model::generate_batch(const GenerateRequest&
       given_embeds = std::move(t);
     }
     // With a memory budget: the plan, or the size this request needs, before any model work.
-    KLEIN_RETURN_IF_ERROR(m.plan_request(g.width, g.height, s.ref_tokens, cb.log, false, s.gd.cfg));
+    KLEIN_RETURN_IF_ERROR(m.plan_request(g.width, g.height, s.ref_tokens, cb.log, false, s.gd.cfg, s.inpaint));
 
     Dumper dumper(req.dump.dir, req.dump.filter);
     KLEIN_RETURN_IF_ERROR(dumper.status());
@@ -323,6 +397,18 @@ Result<std::vector<GenerateResult>> Model::generate_batch(const GenerateRequest&
                     {"precision", m.options.precision == Precision::kFast ? "fast" : "fp32"},
                     {"model", last_path_component(m.path.empty() ? m.dit_spec.where : m.path)},
                     {"software", std::string("klein.cpp ") + version()}};
+      if (s.inpaint) {
+        r.metadata.emplace_back(s.mask_name.empty() ? "image-to-image source" : "inpainting source",
+                                last_path_component(s.source_name));
+        if (!s.mask_name.empty()) r.metadata.emplace_back("mask", last_path_component(s.mask_name));
+        r.metadata.emplace_back("strength", format_scale(s.strength));
+      }
+      if (!g.sigmas.empty()) {
+        std::string v;
+        for (double x : g.sigmas) v += (v.empty() ? "" : ",") + format_scale(x);
+        r.metadata.emplace_back("sigmas", v);
+      }
+      if (g.shift > 0) r.metadata.emplace_back("shift", format_scale(g.shift));
       if (s.gd.cfg) {
         r.metadata.emplace_back("guidance scale", format_scale(s.gd.scale));
         r.metadata.emplace_back("negative prompt", req.negative_prompt);

@@ -57,6 +57,23 @@ class OpenAIClient(unittest.TestCase):
         self.assertEqual(meta["reference1"], "photo.png")
         self.assertEqual(meta["prompt"], "make it night")
 
+    def test_inpaint_with_mask(self):
+        # OpenAI's `mask` part: the first image is the inpainting source (white = repaint, as diffusers).
+        r = self.client.images.edit(image=("photo.png", tiny_png(80, 64), "image/png"),
+                                    mask=("mask.png", tiny_png(40, 32, 9), "image/png"), prompt="a hat",
+                                    size="32x32", extra_body={"seed": 3, "steps": 2, "strength": 0.5})
+        png = base64.b64decode(r.data[0].b64_json)
+        self.assertEqual(png_size(png), (80, 64), "inpainting takes the source's size")
+        meta = png_text(png)
+        self.assertEqual((meta["inpainting source"], meta["mask"], meta["strength"]), ("photo.png", "mask.png", "0.5"))
+        # A mask with an alpha channel (OpenAI marks the area to edit by transparency) is refused.
+        rgba = bytearray(tiny_png(40, 32, 9))
+        rgba[25] = 6  # IHDR colour type: RGBA (the pixel data no longer matches; refused before decoding)
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.images.edit(image=("photo.png", tiny_png(80, 64), "image/png"),
+                                    mask=("mask.png", bytes(rgba), "image/png"), prompt="a hat")
+        self.assertEqual(e.exception.body["param"], "mask")
+
     def test_edit_two_images(self):
         r = self.client.images.edit(image=[("a.png", tiny_png(64, 64, 1), "image/png"),
                                            ("b.png", tiny_png(64, 64, 2), "image/png")],

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <sys/resource.h>
 #include <filesystem>
 #include <memory>
@@ -19,10 +20,10 @@ Command make_generate_command() {
   struct Opts {
     ModelArgs ma;
     std::string prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
-        memory = "low", isa, precision = "fast", seed = "0", backend = "auto", negative_prompt, seeds;
+        memory = "low", isa, precision = "fast", seed = "0", backend = "auto", negative_prompt, seeds, image, mask, sigmas;
     std::vector<std::string> refs;
     int width = 0, height = 0, steps = 0, threads = 0, vae_tile = 0, batch = 1;
-    double max_memory = 0, guidance = -1;
+    double max_memory = 0, guidance = -1, strength = -1, shift = 0;
     bool quiet = false, prompt_given = false;
   };
   auto o = std::make_shared<Opts>();
@@ -45,6 +46,13 @@ Command make_generate_command() {
         ->check(CLI::Range(16, 8192));
     s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models, 50 for base models)")
         ->check(CLI::Range(1, 1000));
+    s->add_option("--sigmas", o->sigmas,
+                  "Custom sigmas, comma-separated values in [0, 1] (e.g. 1,0.75,0.5,0.25): the schedule diffusers' "
+                  "sigmas= gives, shifted by the scheduler; one step each (--steps, if given, must be their count)");
+    s->add_option("--shift", o->shift,
+                  "A static timestep shift S > 0 (shift*t / (1 + (S-1)*t), the scheduler with use_dynamic_shifting "
+                  "false) in place of FLUX.2's resolution-dependent one")
+        ->check(CLI::Range(0.0, 1000.0));
     s->add_option("--guidance-scale,-g", o->guidance,
                   "Classifier-free guidance scale for base models (default 4.0; guidance runs above 1: two transformer "
                   "calls per step). Distilled models ignore it, with a note")
@@ -70,6 +78,19 @@ Command make_generate_command() {
                   "Draw the seeded noise as a float32 (f32, default) or bfloat16 (bf16) diffusers pipeline does")
         ->check(CLI::IsMember({"f32", "bf16"}));
     s->add_option("--ref", o->refs, "Reference image for editing: PNG/JPEG/WebP (repeatable; the first sets the default size)");
+    auto* image = s->add_option("--image", o->image,
+                                "Inpainting / image-to-image source (PNG/JPEG/WebP), as diffusers' Flux2KleinInpaintPipeline: "
+                                "the output takes its size (multiples of 16, at most about 1024x1024) and it conditions "
+                                "every step as the first reference (--ref images follow it)");
+    s->add_option("--mask", o->mask,
+                  "Inpainting mask for --image: white = repaint, black = keep (grey binarised at 50%; resized to the "
+                  "image's size). Without it, image-to-image: everything repainted from the noised source")
+        ->needs(image);
+    s->add_option("--strength", o->strength,
+                  "With --image: how far from the source, in (0, 1]: of the schedule's N steps, those from "
+                  "int(N - N*strength) on run (diffusers' get_timesteps); 1 starts from pure noise. Default 0.8; on "
+                  "base models the default guidance scale is then 8.0, as the inpainting pipeline's")
+        ->needs(image);
     s->add_option("--threads,-t", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--dump", o->dump, "Write named intermediate tensors (.npy) into this folder");
     s->add_option("--dump-filter", o->dump_filter, "Only dump names containing one of these comma-separated parts");
@@ -108,6 +129,10 @@ Command make_generate_command() {
     std::vector<std::pair<std::string, std::string>> inputs = {
         {"--noise", o->noise}, {"--prompt-file", o->prompt_file}, {"--prompt-embeds", o->prompt_embeds}};
     for (const auto& r : o->refs) inputs.emplace_back("--ref", r);
+    if (!o->image.empty()) inputs.emplace_back("--image", o->image);
+    if (!o->mask.empty()) inputs.emplace_back("--mask", o->mask);
+    if (!o->image.empty() && o->strength >= 0 && !(o->strength > 0 && o->strength <= 1))
+      return fail(invalid_argument("--strength " + std::to_string(o->strength) + ": must be in (0, 1]"));
     if (Status st = check_output_path("-o", o->out, inputs); !st.ok()) return fail(st);
     uint64_t seed = 0;
     if (Status st = parse_seed(o->seed, &seed); !st.ok()) return fail(st);
@@ -181,6 +206,23 @@ Command make_generate_command() {
     g.prompt_embeds_npy = o->prompt_embeds;
     g.bf16_noise = o->noise_dtype == "bf16";
     g.reference_images = o->refs;
+    if (!o->sigmas.empty()) {
+      size_t at = 0;
+      while (at <= o->sigmas.size()) {
+        const size_t comma = std::min(o->sigmas.find(',', at), o->sigmas.size());
+        const std::string t = o->sigmas.substr(at, comma - at);
+        char* end = nullptr;
+        const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+        if (t.empty() || end != t.c_str() + t.size())
+          return fail(invalid_argument("--sigmas " + o->sigmas + ": \"" + t + "\" is not a number"));
+        g.sigmas.push_back(v);
+        at = comma + 1;
+      }
+    }
+    g.shift = o->shift;
+    g.init_image.path = o->image;
+    g.init_image.mask_path = o->mask;
+    g.init_image.strength = o->strength;
     g.dump = {o->dump, o->dump_filter};
     Progress progress(o->quiet);
     Callbacks cb;

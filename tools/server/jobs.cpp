@@ -360,6 +360,13 @@ void JobQueue::execute(Job& job) {
   req.guidance_scale = spec.guidance_scale;
   req.negative_prompt = spec.negative_prompt;
   req.reference_data = spec.references;
+  // Inpainting (a mask) or image-to-image (a strength): the first image is the source.
+  if ((spec.mask || spec.strength >= 0) && !req.reference_data.empty()) {
+    req.init_image.data = std::move(req.reference_data.front());
+    req.reference_data.erase(req.reference_data.begin());
+    if (spec.mask) req.init_image.mask_data = *spec.mask;
+    req.init_image.strength = spec.strength;
+  }
   std::vector<uint64_t> seeds;
   for (int k = 0; k < spec.n; ++k)
     seeds.push_back(spec.seed + static_cast<uint64_t>(k));  // wraps at 2^64, as any seed arithmetic would

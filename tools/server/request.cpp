@@ -15,7 +15,7 @@ using nlohmann::json;
 const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user"};
 const std::set<std::string> kKnown = {"prompt", "n", "size", "response_format", "seed", "steps", "output_format",
                                       "output_compression", "stream", "partial_images", "input_fidelity",
-                                      "guidance_scale", "negative_prompt"};
+                                      "guidance_scale", "negative_prompt", "strength"};
 
 // An integer field: a JSON integer, or (from a form) decimal text.
 std::optional<ApiError> get_uint(const json& v, const std::string& name, uint64_t lo, uint64_t hi, uint64_t* out) {
@@ -117,6 +117,18 @@ std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpe
       }
       if (!(g >= 0 && g <= 100)) return invalid(key, "'guidance_scale' must be a number from 0 to 100");
       out->guidance_scale = g;
+    } else if (key == "strength") {
+      // Inpainting / image-to-image (edits): a number in (0, 1], or decimal text from a form.
+      double st = -1;
+      if (v.is_number()) {
+        st = v.get<double>();
+      } else if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), st);
+        if (ec != std::errc() || p != s.data() + s.size()) st = -1;
+      }
+      if (!(st > 0 && st <= 1)) return invalid(key, "'strength' must be a number in (0, 1]");
+      out->strength = st;
     } else if (key == "negative_prompt") {
       if (!v.is_string()) return invalid(key, "'negative_prompt' must be a string");
       if (v.get_ref<const std::string&>().size() > lim.max_prompt_bytes)
@@ -149,7 +161,10 @@ std::optional<ApiError> parse_json_request(const std::string& body, const Limits
   if (j.is_discarded()) return invalid("", "the request body is not valid JSON", "invalid_json");
   if (!j.is_object()) return invalid("", "the request body must be a JSON object", "invalid_json");
   out->seed = random_seed;
-  return apply_fields(j, limits, out);
+  if (auto e = apply_fields(j, limits, out)) return e;
+  if (out->strength >= 0)
+    return invalid("strength", "'strength' needs a source image: use images/edits with an 'image' part");
+  return std::nullopt;
 }
 
 std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
@@ -165,13 +180,30 @@ std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, c
       out->references.push_back({std::move(name), std::vector<uint8_t>(p.content.begin(), p.content.end())});
       continue;
     }
-    if (p.name == "mask") return invalid("mask", "'mask' is not supported: klein edits the whole image", "unsupported_value");
+    if (p.name == "mask") {
+      if (out->mask) return invalid("mask", "'mask' is given twice");
+      // OpenAI's masks mark the area to edit by transparency; klein reads a mask as diffusers does
+      // (white = repaint, black = keep) and would silently keep that area: a PNG with an alpha
+      // channel (IHDR colour type 4 or 6) is refused rather than misread.
+      const std::string& c = p.content;
+      if (c.size() > 25 && c.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0 && (c[25] == 4 || c[25] == 6))
+        return invalid("mask", "the mask has an alpha channel: klein reads masks as diffusers does (white = repaint, "
+                               "black = keep), not by transparency; send an opaque black-and-white image",
+                       "invalid_image");
+      out->mask = ReferenceImage{p.filename.empty() ? "mask" : p.filename, std::vector<uint8_t>(c.begin(), c.end())};
+      continue;
+    }
     if (fields.contains(p.name)) return invalid(p.name, "'" + p.name + "' is given twice");
     fields[p.name] = p.content;
   }
   if (need_image && out->references.empty())
     return invalid("image", "at least one 'image' part is required", "missing_required_parameter");
-  return apply_fields(fields, limits, out);
+  if (out->mask && out->references.empty())
+    return invalid("mask", "'mask' needs an 'image' part (the image to inpaint)", "missing_required_parameter");
+  if (auto e = apply_fields(fields, limits, out)) return e;
+  if (out->strength >= 0 && out->references.empty())
+    return invalid("strength", "'strength' needs an 'image' part (the source image)", "missing_required_parameter");
+  return std::nullopt;
 }
 
 ApiError body_too_large(size_t max_body_bytes) {

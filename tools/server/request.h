@@ -27,6 +27,11 @@ struct JobSpec {
   std::string format_name = "png";
   int quality = 90;  // JPEG / WebP
   std::vector<ReferenceImage> references;
+  // Edits: a `mask` part makes the first image the inpainting source (white = repaint, as
+  // diffusers; the other images stay references); `strength` without a mask makes it an
+  // image-to-image source. strength < 0: the default 0.8.
+  std::optional<ReferenceImage> mask;
+  double strength = -1;
   // OpenAI image streaming: the endpoint answers with SSE, `partial_images` (0..3) previews per
   // image then one completed event per image.
   bool stream = false;
@@ -50,7 +55,7 @@ struct FormPart {
   std::string name, filename, content_type, content;
 };
 // A multipart body: text fields as in JSON (numbers as text), `image` / `image[]` file parts as
-// references (at least one when `need_image`).
+// references (at least one when `need_image`), an optional `mask` part (edits).
 std::optional<ApiError> parse_form_request(const std::vector<FormPart>& parts, const Limits& limits,
                                            uint64_t random_seed, bool need_image, JobSpec* out);
 

@@ -128,6 +128,10 @@ std::optional<ApiError> parse_request(const httplib::Request& req, const Limits&
       auto img = decode_image(r.data, r.name);
       if (!img.ok()) return invalid("image", img.status().message(), "invalid_image");
     }
+    if (spec->mask) {
+      auto img = decode_image(spec->mask->data, spec->mask->name);
+      if (!img.ok()) return invalid("mask", img.status().message(), "invalid_image");
+    }
     return std::nullopt;
   }
   if (edit) return invalid("", "images/edits takes multipart/form-data with one or more 'image' parts", "invalid_content_type");
