@@ -321,6 +321,41 @@ TEST(Flux2Dit, OutputTokensAreTheSameBitsAsTheWholeOutput) {
     EXPECT_EQ(m->forward(img, txt, 0.7f, iid, tid, ctx, std::nullopt, n).status().code(), Code::kInvalidArgument) << n;
 }
 
+// RoPE tables made once by rope() (as a denoising loop does per request) give the same bits as
+// the ones forward makes itself; tables for other token counts are refused.
+TEST(Flux2Dit, GivenRopeTablesAreTheSameBits) {
+  const int64_t T = 5, h = 3, w = 4, N = h * w;
+  Flux2Ids iid = flux2_image_ids(h, w, 0);
+  const Flux2Ids rid = flux2_image_ids(2, 2, 10);
+  iid.insert(iid.end(), rid.begin(), rid.end());
+  const Flux2Ids tid = flux2_text_ids(static_cast<int>(T));
+  auto m = Flux2Transformer::load(tiny_transformer());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const Flux2Config& c = m->config();
+  const int64_t S = N + 4;
+  Tensor img({S, c.in_channels}), txt({T, c.joint_attention_dim});
+  for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::sin(0.29f * i);
+  for (int64_t i = 0; i < txt.numel(); ++i) txt.data()[i] = std::cos(0.13f * i);
+  CpuBackend be(CpuBackendOptions{2});
+  RunContext ctx;
+  ctx.backend = &be;
+  auto rope = m->rope(iid, tid, be);
+  ASSERT_TRUE(rope.ok()) << rope.status().to_string();
+  EXPECT_EQ(rope->cos.shape(), (Shape{T + S, c.attention_head_dim}));
+  auto own = m->forward(img, txt, 0.4f, iid, tid, ctx, std::nullopt, N);
+  ASSERT_TRUE(own.ok());
+  for (int k = 0; k < 2; ++k) {  // the tables are not used up by a forward
+    auto given = m->forward(img, txt, 0.4f, iid, tid, ctx, std::nullopt, N, nullptr, &*rope);
+    ASSERT_TRUE(given.ok()) << given.status().to_string();
+    ASSERT_EQ(given->numel(), own->numel());
+    EXPECT_EQ(std::memcmp(given->data(), own->data(), own->numel() * sizeof(float)), 0);
+  }
+  auto other = m->rope(flux2_image_ids(h, w, 0), tid, be);
+  ASSERT_TRUE(other.ok());
+  auto bad = m->forward(img, txt, 0.4f, iid, tid, ctx, std::nullopt, N, nullptr, &*other);
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument) << bad.status().to_string();
+}
+
 TEST(Flux2Dit, ConfigContradictingTheWeightsNamesTheTensor) {
   // 4 heads x 16 = 64 wide, the file is 32 wide.
   const std::string e1 = load_error(edited_copy("heads", [](auto& j) { j["num_attention_heads"] = 4; }));

@@ -70,6 +70,12 @@ struct Flux2Config {
   int64_t inner_dim_ = 0, mlp_hidden_dim_ = 0;
 };
 
+// RoPE cos/sin tables [T + N, head_dim] for a forward's [text; image] tokens (Flux2Transformer::rope).
+struct Flux2Rope {
+  Tensor cos, sin;
+  int64_t text_tokens = 0, image_tokens = 0;  // what they were made for (forward checks it)
+};
+
 class Flux2Transformer {
  public:
   // Binds the transformer described by `config` (a diffusers transformer/config.json; `where`
@@ -129,10 +135,14 @@ class Flux2Transformer {
   // `work`: where the residual stream and the blocks' work buffers come from (see BufferPool; a
   // denoising loop passes one pool to every step, so their pages fault in once per image, not
   // once per step: 1-4 % of a 256² q8 step here); null: fresh from the backend.
+  // `rope`: the RoPE tables of these ids, made once by rope() (a denoising loop makes them once
+  // per request: they depend on the position ids only); null: made here. Either way the same bits.
   Result<Tensor> forward(const Tensor& img, const Tensor& txt, float timestep, const Flux2Ids& img_ids,
                          const Flux2Ids& txt_ids, const RunContext& ctx,
                          std::optional<float> guidance = std::nullopt, int64_t out_tokens = -1,
-                         BufferPool* work = nullptr) const;
+                         BufferPool* work = nullptr, const Flux2Rope* rope = nullptr) const;
+  // The RoPE tables forward uses for [text; image] tokens with these ids, on `be`'s device.
+  Result<Flux2Rope> rope(const Flux2Ids& img_ids, const Flux2Ids& txt_ids, Backend& be) const;
 
  private:
   struct DoubleBlock {

@@ -40,7 +40,8 @@ struct Flux2Transformer::Step {
   StreamMod mi, mt;              // double-block modulations (image, text)
   TensorView single_shift, single_gate;
   Tensor single_onep;
-  Tensor rcos, rsin;             // [S, head_dim]
+  TensorView rcos, rsin;         // [S, head_dim]: the given tables or `own_rope`'s
+  Flux2Rope own_rope;
   // Work buffers: nrm, att, o [S, D]; qkv [S, 3D]. The MLPs run on chunks of at most kRowChunk
   // token rows (u [R, 2F], cat [R, D+F]), so their wide hidden activations never exist for all
   // S tokens at once (at 1024² that is 0.7 GiB less; more at larger sizes).
@@ -97,8 +98,8 @@ Status Flux2Transformer::double_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_q, nullptr, q.row_range(T, S)));
   KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_k, nullptr, k.row_range(T, S)));
   KLEIN_RETURN_IF_ERROR(be.linear(nimg, b.to_v, nullptr, v.row_range(T, S)));
-  const TensorView cos_t = st.rcos.view().row_range(0, T), sin_t = st.rsin.view().row_range(0, T);
-  const TensorView cos_i = st.rcos.view().row_range(T, S), sin_i = st.rsin.view().row_range(T, S);
+  const TensorView cos_t = st.rcos.row_range(0, T), sin_t = st.rsin.row_range(0, T);
+  const TensorView cos_i = st.rcos.row_range(T, S), sin_i = st.rsin.row_range(T, S);
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(0, T), H, nq_txt, eps, cos_t, sin_t));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k.row_range(0, T), H, nk_txt, eps, cos_t, sin_t));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(T, S), H, nq_img, eps, cos_i, sin_i));
@@ -169,7 +170,7 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
       if (e > a)
         KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(a, e), w_kv, nullptr, qkv.row_range(a, e).col_range(D, 3 * D)));
   }
-  const TensorView cos = st.rcos.view(), sin = st.rsin.view();
+  const TensorView cos = st.rcos, sin = st.rsin;
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(q.row_range(r0, r1), H, nq, eps, cos.row_range(r0, r1), sin.row_range(r0, r1)));
   KLEIN_RETURN_IF_ERROR(be.qk_norm_rope(k, H, nk, eps, cos, sin));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
@@ -189,11 +190,27 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   return Status::Ok();
 }
 
+Result<Flux2Rope> Flux2Transformer::rope(const Flux2Ids& img_ids, const Flux2Ids& txt_ids, Backend& be) const {
+  const int64_t T = static_cast<int64_t>(txt_ids.size()), N = static_cast<int64_t>(img_ids.size()), S = T + N;
+  const int64_t hd = cfg_.attention_head_dim;
+  // Host math (float64 angles, as Flux2PosEmbed), then on the device.
+  Tensor rcos({S, hd}), rsin({S, hd});
+  flux2_rope_tables(txt_ids, cfg_.axes_dims_rope, cfg_.rope_theta, rcos.data(), rsin.data());
+  flux2_rope_tables(img_ids, cfg_.axes_dims_rope, cfg_.rope_theta, rcos.data() + T * hd, rsin.data() + T * hd);
+  Flux2Rope r;
+  r.text_tokens = T;
+  r.image_tokens = N;
+  KLEIN_ASSIGN_OR_RETURN(r.cos, be.upload(rcos.data(), {S, hd}, "RoPE tables"));
+  KLEIN_ASSIGN_OR_RETURN(r.sin, be.upload(rsin.data(), {S, hd}, "RoPE tables"));
+  return r;
+}
+
 Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, float timestep,
                                          const Flux2Ids& img_ids, const Flux2Ids& txt_ids, const RunContext& ctx,
-                                         std::optional<float> guidance, int64_t out_tokens, BufferPool* work) const {
+                                         std::optional<float> guidance, int64_t out_tokens, BufferPool* work,
+                                         const Flux2Rope* rope) const {
   const Flux2Config& c = cfg_;
-  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim(), hd = c.attention_head_dim;
+  const int64_t D = c.inner_dim(), F = c.mlp_hidden_dim();
   const int64_t Cin = c.in_channels, J = c.joint_attention_dim, Cout = c.out_channels;
 
   // ---- input checks (caller errors, never aborts)
@@ -292,14 +309,19 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
   ctx.dump("dit.x_embedder", st.himg(), {1, N, D});
   ctx.dump("dit.context_embedder", st.htxt(), {1, T, D});
 
-  // ---- 4. RoPE tables for [text; image] tokens (host math, then on the device).
-  {
-    Tensor rcos({S, hd}), rsin({S, hd});
-    flux2_rope_tables(txt_ids, c.axes_dims_rope, c.rope_theta, rcos.data(), rsin.data());
-    flux2_rope_tables(img_ids, c.axes_dims_rope, c.rope_theta, rcos.data() + T * hd, rsin.data() + T * hd);
-    KLEIN_ASSIGN_OR_RETURN(st.rcos, be.upload(rcos.data(), {S, hd}, "RoPE tables"));
-    KLEIN_ASSIGN_OR_RETURN(st.rsin, be.upload(rsin.data(), {S, hd}, "RoPE tables"));
+  // ---- 4. RoPE tables for [text; image] tokens: the caller's (made once per request by
+  // rope(), for these ids) or made here.
+  if (rope) {
+    if (rope->text_tokens != T || rope->image_tokens != N)
+      return invalid_argument("transformer: RoPE tables for " + std::to_string(rope->text_tokens) + " + " +
+                              std::to_string(rope->image_tokens) + " tokens given for " + std::to_string(T) + " + " +
+                              std::to_string(N));
+  } else {
+    KLEIN_ASSIGN_OR_RETURN(st.own_rope, this->rope(img_ids, txt_ids, be));
+    rope = &st.own_rope;
   }
+  st.rcos = rope->cos.view();
+  st.rsin = rope->sin.view();
   ctx.dump("dit.rope_cos", st.rcos);
   ctx.dump("dit.rope_sin", st.rsin);
 

@@ -30,15 +30,25 @@ Result<Tensor> PlainPredictor::predict(const Tensor& model_in, float t, int64_t 
                                        const RunContext& ctx, BufferPool* work) {
   // Only the noise tokens' prediction is used: the reference tokens' rows are not computed.
   KLEIN_ASSIGN_OR_RETURN(Tensor out, dit_->forward(model_in, *cond_->embeds, t / 1000.0f, img_ids, cond_->txt_ids,
-                                                   ctx, std::nullopt, N, work));
+                                                   ctx, std::nullopt, N, work, rope_ ? &*rope_ : nullptr));
   return ctx.be().download(out);
+}
+
+Status PlainPredictor::prepare(const Flux2Ids& img_ids, const RunContext& ctx) {
+  KLEIN_ASSIGN_OR_RETURN(rope_, dit_->rope(img_ids, cond_->txt_ids, ctx.be()));
+  return Status::Ok();
+}
+
+Status CfgPredictor::prepare(const Flux2Ids& img_ids, const RunContext& ctx) {
+  KLEIN_RETURN_IF_ERROR(cond_.prepare(img_ids, ctx));
+  return uncond_.prepare(img_ids, ctx);
 }
 
 Result<Tensor> CfgPredictor::predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
                                      const RunContext& ctx, BufferPool* work) {
-  KLEIN_ASSIGN_OR_RETURN(Tensor v, PlainPredictor(*dit_, *cond_).predict(model_in, t, N, img_ids, ctx, work));
+  KLEIN_ASSIGN_OR_RETURN(Tensor v, cond_.predict(model_in, t, N, img_ids, ctx, work));
   KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));
-  KLEIN_ASSIGN_OR_RETURN(Tensor vu, PlainPredictor(*dit_, *uncond_).predict(model_in, t, N, img_ids, ctx, work));
+  KLEIN_ASSIGN_OR_RETURN(Tensor vu, uncond_.predict(model_in, t, N, img_ids, ctx, work));
   cfg_combine(v.data(), vu.data(), v.numel(), scale_);
   return v;
 }
@@ -62,6 +72,7 @@ Result<Tensor> run_denoise(Predictor& predictor, const ReferenceTokens& refs, Te
     KLEIN_RETURN_IF_ERROR(be.copy(rt, model_in.view().row_range(N, N + S_ref)));
   }
   BufferPool work(be);  // the transformer's work buffers, reused by every step
+  KLEIN_RETURN_IF_ERROR(predictor.prepare(img_ids, ctx));  // the RoPE tables, once per request
   ctx.report("denoise", 0, steps);
   for (int i = 0; i < steps; ++i) {
     KLEIN_RETURN_IF_ERROR(ctx.check_cancel("denoising"));

@@ -49,6 +49,9 @@ class Predictor {
   virtual ~Predictor() = default;
   virtual Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
                                  const RunContext& ctx, BufferPool* work) = 0;
+  // Once before the loop, with the request's image ids (noise tokens, then references): what
+  // every step would otherwise rebuild (the transformer's RoPE tables).
+  virtual Status prepare(const Flux2Ids& img_ids, const RunContext& ctx) = 0;
   // Transformer calls per step (1 plain, 2 with guidance).
   virtual int calls_per_step() const = 0;
 };
@@ -59,11 +62,13 @@ class PlainPredictor final : public Predictor {
   PlainPredictor(const Flux2Transformer& dit, const TextCondition& cond) : dit_(&dit), cond_(&cond) {}
   Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
                          BufferPool* work) override;
+  Status prepare(const Flux2Ids& img_ids, const RunContext& ctx) override;
   int calls_per_step() const override { return 1; }
 
  private:
   const Flux2Transformer* dit_;
   const TextCondition* cond_;
+  std::optional<Flux2Rope> rope_;  // after prepare
 };
 
 // Classifier-free guidance (base models, guidance_scale > 1): the prompt's call, then the
@@ -71,15 +76,14 @@ class PlainPredictor final : public Predictor {
 class CfgPredictor final : public Predictor {
  public:
   CfgPredictor(const Flux2Transformer& dit, const TextCondition& cond, const TextCondition& uncond, float scale)
-      : dit_(&dit), cond_(&cond), uncond_(&uncond), scale_(scale) {}
+      : cond_(dit, cond), uncond_(dit, uncond), scale_(scale) {}
   Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
                          BufferPool* work) override;
+  Status prepare(const Flux2Ids& img_ids, const RunContext& ctx) override;
   int calls_per_step() const override { return 2; }
 
  private:
-  const Flux2Transformer* dit_;
-  const TextCondition* cond_;
-  const TextCondition* uncond_;
+  PlainPredictor cond_, uncond_;
   float scale_;
 };
 
