@@ -21,7 +21,9 @@ namespace fs = std::filesystem;
 using klein::testing::max_rel_err;
 using klein::testing::must_read_f32;
 
-namespace {
+// A named namespace: in a unity batch, other test files' anonymous helpers (cases(), ref_dir(), ...)
+// share the compiler run.
+namespace inpaint_test {
 
 using klein::Code;
 
@@ -524,4 +526,4 @@ TEST(Schedule, BadOverridesAreClearErrors) {
   EXPECT_NE(r.err.find("--sigmas"), std::string::npos) << r.err;
 }
 
-}  // namespace
+}  // namespace inpaint_test
