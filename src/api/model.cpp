@@ -61,13 +61,13 @@ Status Model::Impl::require_full_model(const char* what) const {
 
 Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() const {
   if (te) return te;
-  return api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend);
+  return api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend, {options.loras, options.lora_mode, options.precision == Precision::kFp32});
 }
 
 Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) const {
   if (dit) return dit;
   ctx.report("load transformer", 0, 1);
-  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_spec, *engine->backend));
+  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_spec, *engine->backend, {options.loras, options.lora_mode, options.precision == Precision::kFp32}));
   ctx.report("load transformer", 1, 1);
   return m;
 }
@@ -341,8 +341,9 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
       m->sizes = sizes;
     }
     if (options.memory == MemoryPolicy::kResident) {
-      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_spec, kKleinTextLayersNeeded, *m->engine->backend));
-      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_spec, *m->engine->backend));
+      const api::LoraSetup loras{options.loras, options.lora_mode, options.precision == Precision::kFp32};
+      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_spec, kKleinTextLayersNeeded, *m->engine->backend, loras));
+      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_spec, *m->engine->backend, loras));
       KLEIN_ASSIGN_OR_RETURN(m->vae, api::load_vae(m->vae_spec, *m->engine->backend));
     }
     return std::unique_ptr<Model>(new Model(std::move(m)));

@@ -1,0 +1,411 @@
+// LoRA (io/lora.h, models/lora_apply.h, the CPU backend's run-time terms) against the pinned
+// oracle: tests/data/lora from scripts/reference/make_lora_fixtures.py (PEFT LoRAs on the tiny
+// model in each trainer's key scheme, diffusers' images with load_lora_weights fused and unfused,
+// LoKr / LoHa deltas by the formula).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/quantize.h"
+#include "dit_testing.h"
+#include "io/lora.h"
+#include "io/npy.h"
+#include "io/safetensors_writer.h"
+#include "klein/klein.h"
+#include "models/lora_apply.h"
+#include "testing.h"
+
+namespace fs = std::filesystem;
+using klein::testing::max_rel_err;
+using klein::testing::must_read_f32;
+
+namespace klein {
+namespace {
+
+fs::path lora_dir() { return testing::data_dir() / "lora"; }
+fs::path tiny_dit_dir() { return testing::tiny_model_dir() / "transformer"; }
+
+Flux2Transformer must_load_dit(const fs::path& dir) {
+  auto m = Flux2Transformer::load(dir);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+LoraFile must_parse(const std::string& file, const std::vector<LoraTarget>& targets,
+                    LoraComponent c = LoraComponent::kTransformer) {
+  auto f = load_lora(lora_dir() / file, targets, c);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return f.ok() ? std::move(f).value() : LoraFile{};
+}
+
+// scale · ΔW of a delta as a dense [rows, cols] matrix.
+std::vector<float> dense(const LoraDelta& d) {
+  std::vector<float> m(static_cast<size_t>(d.rows * d.cols));
+  for (int64_t i = 0; i < d.rows; ++i)
+    for (int64_t j = 0; j < d.cols; ++j) {
+      double s = 0;
+      if (d.rank > 0)
+        for (int64_t k = 0; k < d.rank; ++k) s += double(d.up[i * d.rank + k]) * d.down[k * d.cols + j];
+      else
+        s = d.down[i * d.cols + j];
+      m[i * d.cols + j] = static_cast<float>(s * d.scale);
+    }
+  return m;
+}
+
+std::map<std::string, std::vector<float>> dense_by_target(const LoraFile& f) {
+  std::map<std::string, std::vector<float>> m;
+  for (const LoraDelta& d : f.deltas) m[d.target] = dense(d);
+  return m;
+}
+
+// The same LoRA in the diffusers, BFL-named (fused qkv as one block-diagonal module) and kohya
+// schemes gives the same ΔW on every weight that the files share.
+TEST(Lora, SchemesGiveTheSameDeltas) {
+  auto dit = must_load_dit(tiny_dit_dir());
+  const auto targets = lora_targets(dit);
+  const LoraFile df = must_parse("lora_diffusers.safetensors", targets);
+  const LoraFile bf = must_parse("lora_bfl.safetensors", targets);
+  const LoraFile kf = must_parse("lora_kohya.safetensors", targets);
+  EXPECT_EQ(df.scheme, "diffusers/PEFT");
+  EXPECT_EQ(bf.scheme, "BFL-named PEFT");
+  EXPECT_EQ(kf.scheme, "kohya");
+  const auto d = dense_by_target(df), b = dense_by_target(bf), k = dense_by_target(kf);
+  EXPECT_EQ(d.size(), targets.size());  // every linear of the DiT
+  EXPECT_EQ(b.size(), targets.size() - 1);  // all but the final modulation (see the script)
+  EXPECT_GT(k.size(), 20u);
+  for (const auto* other : {&b, &k})
+    for (const auto& [name, m] : *other) {
+      ASSERT_TRUE(d.count(name)) << name;
+      EXPECT_LE(max_rel_err(m, d.at(name)), 1e-6) << name;
+    }
+  // q, k and v of the fused BFL qkv each got their own rows.
+  EXPECT_TRUE(b.count("transformer_blocks.1.attn.add_v_proj.weight"));
+}
+
+// BFL's final-layer modulation is (shift, scale), diffusers' norm_out.linear (scale, shift): a
+// BFL-named LoRA of it is applied with its halves swapped (diffusers' ai-toolkit converter does
+// not swap them; docs/lora.md).
+TEST(Lora, FinalLayerHalvesAreSwapped) {
+  auto dit = must_load_dit(tiny_dit_dir());
+  const auto targets = lora_targets(dit);
+  const auto d = dense_by_target(must_parse("lora_diffusers.safetensors", targets));
+  const auto f = dense_by_target(must_parse("lora_bfl_final_layer.safetensors", targets));
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_TRUE(f.count("norm_out.linear.weight"));
+  EXPECT_LE(max_rel_err(f.at("norm_out.linear.weight"), d.at("norm_out.linear.weight")), 1e-6);
+}
+
+// LyCORIS LoKr (kron, BFL fused qkv cut into q/k/v, alpha only with a split factor) and LoHa
+// (Hadamard product of two low-rank products, alpha / rank) against the formula in torch.
+TEST(Lora, LycorisDeltasMatchTheFormula) {
+  auto dit = must_load_dit(tiny_dit_dir());
+  const auto targets = lora_targets(dit);
+  for (const char* name : {"lokr", "loha"}) {
+    SCOPED_TRACE(name);
+    const std::string file = std::string(name) + (std::string(name) == "lokr" ? "_bfl" : "") + ".safetensors";
+    const auto got = dense_by_target(must_parse(file, targets));
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(lora_dir() / (std::string(name) + "_delta"))) {
+      const std::string target = e.path().stem().string();
+      ASSERT_TRUE(got.count(target)) << target;
+      EXPECT_LE(max_rel_err(got.at(target), must_read_f32(e.path())), 1e-6) << target;
+      ++n;
+    }
+    EXPECT_EQ(n, got.size());
+    EXPECT_GT(n, 0u);
+  }
+}
+
+// ---- the whole pipeline against diffusers
+
+struct RefCase {
+  const char* name;
+  const char* file;
+  float scale;
+  LoraMode mode;
+  const char* te_file = nullptr;
+};
+
+void PrintTo(const RefCase& c, std::ostream* os) { *os << c.name; }
+
+class LoraRef : public ::testing::TestWithParam<RefCase> {};
+
+// The decoder input and the 8-bit picture after 4 steps equal diffusers' (load_lora_weights,
+// unfused through PEFT's forward, or fused) under the float32 path.
+TEST_P(LoraRef, MatchesDiffusers) {
+  const RefCase& c = GetParam();
+  const fs::path ref = lora_dir() / c.name;
+  const fs::path dump = testing::make_temp_dir("lora_ref");
+  LoadOptions lo;
+  lo.threads = 2;
+  lo.precision = Precision::kFp32;
+  lo.loras.push_back({(lora_dir() / c.file).string(), c.scale});
+  if (c.te_file) lo.loras.push_back({(lora_dir() / c.te_file).string(), 1.0f});
+  lo.lora_mode = c.mode;
+  auto model = Model::open(testing::tiny(), lo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  GenerateRequest g;
+  g.prompt = "A cat holding a sign that says hello world";
+  g.width = g.height = 64;
+  g.steps = 4;
+  g.seed = 42;
+  g.dump = {dump.string(), "latents_final"};
+  auto r = (*model)->generate(g);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const double e = max_rel_err(must_read_f32(dump / "latents_final.npy"), must_read_f32(ref / "latents_final.npy"));
+  std::printf("[ info ] %s: decoder input rel err %.3g\n", c.name, e);
+  EXPECT_LE(e, 1e-5);
+  auto u8 = read_npy(ref / "image_u8.npy");
+  ASSERT_TRUE(u8.ok());
+  ASSERT_EQ(u8->bytes.size(), r->image.rgb.size());
+  int maxd = 0;
+  for (size_t i = 0; i < u8->bytes.size(); ++i)
+    maxd = std::max(maxd, std::abs(int(u8->bytes[i]) - int(r->image.rgb[i])));
+  EXPECT_LE(maxd, 1);
+  fs::remove_all(dump);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiny, LoraRef,
+    ::testing::Values(RefCase{"diffusers_s1", "lora_diffusers.safetensors", 1.0f, LoraMode::kRuntime},
+                      RefCase{"diffusers_s05", "lora_diffusers.safetensors", 0.5f, LoraMode::kRuntime},
+                      RefCase{"diffusers_fused_s1", "lora_diffusers.safetensors", 1.0f, LoraMode::kMerge},
+                      RefCase{"diffusers_fused_s05", "lora_diffusers.safetensors", 0.5f, LoraMode::kAuto},
+                      RefCase{"bfl_s1", "lora_bfl.safetensors", 1.0f, LoraMode::kAuto},
+                      RefCase{"kohya_s1", "lora_kohya.safetensors", 1.0f, LoraMode::kRuntime},
+                      RefCase{"te_s1", "lora_diffusers.safetensors", 1.0f, LoraMode::kAuto, "lora_te.safetensors"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// ---- run time against merged
+
+Result<Tensor> dit_forward(const Flux2Transformer& m, kernels::Precision p = kernels::Precision::kFp32) {
+  const Flux2Config& c = m.config();
+  const int64_t T = 5, h = 3, w = 4, N = h * w;
+  Tensor img({N, c.in_channels}), txt({T, c.joint_attention_dim});
+  for (int64_t i = 0; i < img.numel(); ++i) img.data()[i] = std::sin(0.37f * i);
+  for (int64_t i = 0; i < txt.numel(); ++i) txt.data()[i] = std::cos(0.11f * i);
+  CpuBackend be(CpuBackendOptions{2, Isa::kCount, p});
+  RunContext ctx;
+  ctx.backend = &be;
+  return m.forward(img, txt, 0.7f, flux2_image_ids(h, w), flux2_text_ids(T), ctx);
+}
+
+std::vector<float> values(const Tensor& t) { return std::vector<float>(t.data(), t.data() + t.numel()); }
+
+// Every weight of the model dequantized into an owned float32 copy ("dequantize, merge, run").
+void dequantize_all(Flux2Transformer& m) {
+  for (const auto& r : m.tensor_table()) {
+    if (!r.weight || r.weight->empty() || r.weight->dtype == DType::kF32) continue;
+    auto v = std::make_shared<std::vector<float>>(weight_to_vector(*r.weight));
+    Weight& w = *r.weight;
+    Weight o;
+    o.name = w.name;
+    o.shape = w.shape;
+    o.data = v->data();
+    o.nbytes = v->size() * sizeof(float);
+    o.owner = std::shared_ptr<const void>(v, v->data());
+    w = o;
+  }
+}
+
+TEST(Lora, RuntimeEqualsMergedOnFloatWeights) {
+  std::vector<LoraUse> uses;
+  auto base = must_load_dit(tiny_dit_dir());
+  const auto targets = lora_targets(base);
+  for (auto [file, s] : {std::pair{"lora_diffusers.safetensors", 0.7f}, {"lokr_bfl.safetensors", 1.0f},
+                         {"lora_kohya.safetensors", -0.4f}})
+    uses.push_back({std::make_shared<const LoraFile>(must_parse(file, targets)), s});
+  auto merged = must_load_dit(tiny_dit_dir());
+  auto runtime = must_load_dit(tiny_dit_dir());
+  int nm = 0, nr = 0;
+  ASSERT_TRUE(apply_loras(merged, uses, LoraApply::kMerge, true, &nm, &nr).ok());
+  EXPECT_EQ(nr, 0);
+  EXPECT_EQ(nm, static_cast<int>(targets.size()));
+  ASSERT_TRUE(apply_loras(runtime, uses, LoraApply::kRuntime, true, &nm, &nr).ok());
+  EXPECT_EQ(nr, static_cast<int>(targets.size()));
+  auto a = dit_forward(merged), b = dit_forward(runtime), c = dit_forward(base);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_LE(max_rel_err(values(*b), values(*a)), 1e-5);
+  EXPECT_GT(max_rel_err(values(*c), values(*a)), 1e-2);  // the LoRAs do change the output
+}
+
+// Every 2-D weight of the model quantized to Q8_ROW (int8 per row, scale per row) in memory.
+void quantize_all_q8(Flux2Transformer& m) {
+  for (const auto& r : m.tensor_table()) {
+    if (!r.weight || r.weight->empty() || r.weight->shape.size() != 2) continue;
+    Weight& w = *r.weight;
+    const std::vector<float> v = weight_to_vector(w);
+    const int64_t R = w.rows(), C = w.cols();
+    auto q = std::make_shared<std::vector<int8_t>>(static_cast<size_t>(R * C));
+    auto sc = std::make_shared<std::vector<float>>(static_cast<size_t>(R));
+    for (int64_t i = 0; i < R; ++i) (*sc)[i] = quantize_row_q8(v.data() + i * C, C, q->data() + i * C);
+    Weight o;
+    o.name = w.name;
+    o.dtype = DType::kQ8Row;
+    o.shape = w.shape;
+    o.data = q->data();
+    o.nbytes = q->size();
+    o.scales = sc->data();
+    o.scale_dtype = DType::kF32;
+    o.owner = std::make_shared<std::pair<decltype(q), decltype(sc)>>(q, sc);
+    ASSERT_TRUE(validate_weight(o).ok()) << w.name;
+    w = o;
+  }
+}
+
+// A quantized base (Q8_ROW): the run-time terms beside the quantized GEMM equal the merged LoRA
+// on the dequantized weights, to float32 rounding on the exact path and within the W8A8
+// activation quantization on the fast one; merging into it is refused.
+TEST(Lora, RuntimeOnQuantizedEqualsDequantizeMergeRun) {
+  auto quant = must_load_dit(tiny_dit_dir());
+  quantize_all_q8(quant);
+  const auto targets = lora_targets(quant);
+  std::vector<LoraUse> uses{{std::make_shared<const LoraFile>(must_parse("lora_diffusers.safetensors", targets)), 1.0f}};
+  auto forced = quant;
+  EXPECT_EQ(apply_loras(forced, uses, LoraApply::kMerge).code(), Code::kUnsupported);
+  auto deq = quant;
+  dequantize_all(deq);
+  int nm = 0, nr = 0;
+  ASSERT_TRUE(apply_loras(quant, uses, LoraApply::kAuto, true, &nm, &nr).ok());
+  EXPECT_EQ(nr, static_cast<int>(targets.size()));  // auto: run time on every quantized weight
+  EXPECT_EQ(nm, 0);
+  ASSERT_TRUE(apply_loras(deq, uses, LoraApply::kMerge, true).ok());
+  auto b = dit_forward(deq, kernels::Precision::kFp32);
+  ASSERT_TRUE(b.ok());
+  for (auto p : {kernels::Precision::kFp32, kernels::Precision::kFast}) {
+    auto a = dit_forward(quant, p);
+    ASSERT_TRUE(a.ok());
+    const double e = max_rel_err(values(*a), values(*b));
+    std::printf("[ info ] q8 run-time vs dequantize-merge-run (%s): %.3g\n",
+                p == kernels::Precision::kFp32 ? "fp32" : "fast", e);
+    EXPECT_LE(e, p == kernels::Precision::kFp32 ? 1e-5 : 2e-2);
+  }
+}
+
+// PEFT's merge arithmetic on a bf16 weight: ΔW in float32, rounded to bf16, added in bf16.
+TEST(Lora, MergeRoundsLikePeftOnBf16) {
+  std::vector<uint16_t> wb = {f32_to_bf16(1.0f), f32_to_bf16(-2.0f), f32_to_bf16(0.5f), f32_to_bf16(3.0f)};
+  Weight w;
+  w.name = "w";
+  w.dtype = DType::kBF16;
+  w.shape = {2, 2};
+  w.data = wb.data();
+  w.nbytes = 8;
+  LoraDelta d;
+  d.rows = 2, d.cols = 2, d.rank = 1, d.scale = 2.0;
+  d.down = {0.001f, 0.3f};
+  d.up = {1.0f, -0.7f};
+  auto m = merge_lora_deltas(w, {{&d, 0.5f}}, DType::kBF16);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const auto got = weight_to_vector(*m);
+  const float base[4] = {1.0f, -2.0f, 0.5f, 3.0f};
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const float delta = round_bf16(d.up[i] * d.down[j] * 1.0f);
+      EXPECT_EQ(got[i * 2 + j], round_bf16(base[i * 2 + j] + delta)) << i << "," << j;
+    }
+}
+
+// ---- bad files: one line naming the file and the key
+
+class LoraBadFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dit_ = std::make_unique<Flux2Transformer>(must_load_dit(tiny_dit_dir()));
+    targets_ = lora_targets(*dit_);
+    dir_ = testing::make_temp_dir("lora_bad");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // Writes the tensors (float32, given shapes, filled with 0.01) and parses the file.
+  Status parse(const std::vector<std::pair<std::string, Shape>>& t,
+               const std::map<std::string, std::string>& meta = {}) {
+    std::vector<std::vector<float>> data;
+    std::vector<TensorToWrite> w;
+    for (const auto& [n, s] : t) data.emplace_back(static_cast<size_t>(shape_numel(s)), 0.01f);
+    for (size_t i = 0; i < t.size(); ++i) w.push_back({t[i].first, DType::kF32, t[i].second, data[i].data()});
+    const fs::path p = dir_ / "x.safetensors";
+    EXPECT_TRUE(write_safetensors(p, w, meta).ok());
+    return load_lora(p, targets_, LoraComponent::kTransformer).status();
+  }
+  std::unique_ptr<Flux2Transformer> dit_;
+  std::vector<LoraTarget> targets_;
+  fs::path dir_;
+};
+
+TEST_F(LoraBadFile, EachErrorNamesTheProblem) {
+  const std::string q = "transformer.transformer_blocks.0.attn.to_q";
+  struct Bad {
+    std::vector<std::pair<std::string, Shape>> t;
+    std::string needle;
+  };
+  const std::vector<Bad> cases = {
+      {{{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 4}}, {"something.else", {1}}}, "something.else"},
+      {{{q + ".lora_A.weight", {4, 32}}}, "without its pair"},
+      {{{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 3}}}, "rank mismatch"},
+      {{{q + ".lora_A.weight", {4, 31}}, {q + ".lora_B.weight", {32, 4}}}, "needs [32, 32]"},
+      {{{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", {4, 32}},
+        {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", {32, 4}}},
+       "transformer.transformer_blocks.9.attn.to_q"},
+      {{{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 4}}, {q + ".dora_scale", {1, 32}}}, "DoRA"},
+      {{{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 4}}, {q + ".alpha", {2}}}, "one number"},
+      {{{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 4}}, {q + ".lokr_w1", {4, 4}}}, "mixes"},
+      {{{q + ".alpha", {}}}, "only an alpha"},
+      {{{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", {4, 32}},
+        {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", {64, 4}}},
+       "need [96, 32]"},
+      {{{"diffusion_model.single_blocks.0.linear1.lokr_w1", {4, 4}},
+        {"diffusion_model.single_blocks.0.linear1.lokr_w2", {4, 4}}},
+       "kron"},
+      {{}, "no LoRA tensors"},
+  };
+  for (const Bad& b : cases) {
+    const Status s = parse(b.t);
+    EXPECT_FALSE(s.ok()) << b.needle;
+    EXPECT_NE(s.message().find(b.needle), std::string::npos) << s.to_string();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.to_string();
+  }
+  // A header whose PEFT settings are not JSON.
+  const Status s = parse({{q + ".lora_A.weight", {4, 32}}, {q + ".lora_B.weight", {32, 4}}},
+                         {{"lora_adapter_metadata", "{not json"}});
+  EXPECT_NE(s.message().find("lora_adapter_metadata"), std::string::npos) << s.to_string();
+}
+
+TEST_F(LoraBadFile, AModelLoadFailsOnABadLora) {
+  const std::string q = "transformer.transformer_blocks.0.attn.to_q";
+  ASSERT_FALSE(parse({{q + ".lora_A.weight", {4, 32}}}).ok());
+  LoadOptions lo;
+  lo.threads = 1;
+  lo.memory = MemoryPolicy::kResident;
+  lo.loras.push_back({(dir_ / "x.safetensors").string(), 1.0f});
+  auto m = Model::open(testing::tiny(), lo);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("x.safetensors"), std::string::npos) << m.status().to_string();
+  lo.loras = {{(dir_ / "missing.safetensors").string(), 1.0f}};
+  EXPECT_EQ(Model::open(testing::tiny(), lo).status().code(), Code::kNotFound);
+  lo.loras = {{(dir_ / "x.safetensors").string(), std::nanf("")}};
+  EXPECT_EQ(Model::open(testing::tiny(), lo).status().code(), Code::kInvalidArgument);
+}
+
+TEST(Lora, SpecParsing) {
+  std::string f;
+  float s = 0;
+  ASSERT_TRUE(parse_lora_spec("a.safetensors", &f, &s).ok());
+  EXPECT_EQ(f, "a.safetensors");
+  EXPECT_EQ(s, 1.0f);
+  ASSERT_TRUE(parse_lora_spec("dir/a.safetensors:0.75", &f, &s).ok());
+  EXPECT_EQ(f, "dir/a.safetensors");
+  EXPECT_EQ(s, 0.75f);
+  ASSERT_TRUE(parse_lora_spec("C:/x/a.safetensors", &f, &s).ok());  // not a number after the colon
+  EXPECT_EQ(f, "C:/x/a.safetensors");
+  ASSERT_TRUE(parse_lora_spec("a:-1.5", &f, &s).ok());
+  EXPECT_EQ(s, -1.5f);
+  EXPECT_FALSE(parse_lora_spec("a:1e9", &f, &s).ok());
+  EXPECT_FALSE(parse_lora_spec(":1", &f, &s).ok());
+}
+
+}  // namespace
+}  // namespace klein
