@@ -180,6 +180,38 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"te_s1", "lora_diffusers.safetensors", 1.0f, LoraMode::kAuto, "lora_te.safetensors"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A resident model switches LoRAs per request (GenerateRequest::loras, at run time): with the
+// LoRA it gives diffusers' LoRA image, without it the plain model's, then the LoRA's again.
+TEST(Lora, PerRequestLorasOnAResidentModel) {
+  LoadOptions lo;
+  lo.threads = 2;
+  lo.precision = Precision::kFp32;
+  lo.memory = MemoryPolicy::kResident;
+  auto model = Model::open(testing::tiny(), lo);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const fs::path dump = testing::make_temp_dir("lora_req");
+  for (int k = 0; k < 3; ++k) {
+    GenerateRequest g;
+    g.prompt = "A cat holding a sign that says hello world";
+    g.width = g.height = 64;
+    g.steps = 4;
+    g.seed = 42;
+    g.dump = {dump.string(), "latents_final"};
+    if (k != 1) g.loras.push_back({(lora_dir() / "lora_diffusers.safetensors").string(), 0.5f});
+    auto r = (*model)->generate(g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const fs::path ref = k != 1 ? lora_dir() / "diffusers_s05" : testing::data_dir() / "ref" / "t2i_64x64";
+    EXPECT_LE(max_rel_err(must_read_f32(dump / "latents_final.npy"), must_read_f32(ref / "latents_final.npy")), 1e-5)
+        << "request " << k;
+  }
+  GenerateRequest bad;
+  bad.prompt = "x";
+  bad.width = bad.height = 64;
+  bad.loras.push_back({(lora_dir() / "missing.safetensors").string(), 1.0f});
+  EXPECT_EQ((*model)->generate(bad).status().code(), Code::kNotFound);
+  fs::remove_all(dump);
+}
+
 // ---- run time against merged
 
 Result<Tensor> dit_forward(const Flux2Transformer& m, kernels::Precision p = kernels::Precision::kFp32) {

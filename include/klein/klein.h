@@ -225,6 +225,10 @@ struct GenerateRequest {
   std::vector<std::string> reference_images;  // editing: 1..N image files (PNG/JPEG/WebP)
   DumpOptions dump;
   std::vector<ReferenceImage> reference_data;  // editing from memory: after reference_images, in order
+  // This request's LoRAs, on top of LoadOptions::loras and at run time (LoraMode::kRuntime, CPU
+  // backend): the loaded weights are not changed, so a resident model serves each request with
+  // its own LoRAs (the server's `lora` field). Read from their files for each request.
+  std::vector<LoraSpec> loras;
 };
 
 struct GenerateResult {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -124,6 +125,7 @@ class Resolver {
     for (const LoraTarget& t : targets) {
       if (!t.name.ends_with(".weight")) continue;
       shapes_[{t.component, t.name}] = t.shape;
+      if (t.unused) unused_.insert({t.component, t.name});
       const std::string module = t.name.substr(0, t.name.size() - 7);
       add_underscored(t.component, module, module);
       if (t.component == LoraComponent::kTextEncoder && module.starts_with("model."))
@@ -142,6 +144,8 @@ class Resolver {
     auto it = shapes_.find({c, name});
     return it == shapes_.end() ? nullptr : &it->second;
   }
+
+  bool unused(LoraComponent c, const std::string& name) const { return unused_.count({c, name}) != 0; }
 
   std::optional<Resolved> resolve(LoraComponent c, Naming naming, const std::string& rest) const {
     std::string module = rest;
@@ -176,7 +180,7 @@ class Resolver {
 
   std::map<std::pair<LoraComponent, std::string>, Shape> shapes_;
   std::map<std::pair<LoraComponent, std::string>, std::string> under_;
-  std::set<std::pair<LoraComponent, std::string>> ambiguous_;
+  std::set<std::pair<LoraComponent, std::string>> ambiguous_, unused_;
 };
 
 // A matrix read from the file as float32.
@@ -193,8 +197,22 @@ Result<Mat> read_mat(const WeightStore& store, const std::string& key, bool scal
   KLEIN_RETURN_IF_ERROR(validate_weight(w));
   Mat m;
   if (scalar_ok) {
-    if (w.numel() != 1) return format_error(where + ": alpha must be one number");
+    // A 0-dim tensor (torch.tensor(alpha)) or one of one element, decoded here: the weight
+    // helpers see rows and columns, which a 0-dim tensor has none of.
+    if (shape_numel(w.shape) != 1 || w.nbytes != dtype_size(w.dtype))
+      return format_error(where + ": alpha must be one number");
+    float v = 0;
+    if (w.dtype == DType::kF32) {
+      std::memcpy(&v, w.data, 4);
+    } else {
+      uint16_t h = 0;
+      std::memcpy(&h, w.data, 2);
+      v = w.dtype == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+    if (!std::isfinite(v)) return format_error(where + ": alpha is not finite");
     m.rows = m.cols = 1;
+    m.v = {v};
+    return m;
   } else {
     if (w.shape.size() != 2 || w.shape[0] <= 0 || w.shape[1] <= 0)
       return format_error(where + ": expected a non-empty 2-D matrix (conv LoRAs do not apply to FLUX.2)");
@@ -467,6 +485,7 @@ Result<LoraFile> parse_lora(const WeightStore& store, const std::vector<LoraTarg
     // A fused BFL qkv: the down matrix is shared, the up (or dense) rows cut into q, k, v.
     const int64_t prow = rows / parts;
     for (int64_t p = 0; p < parts; ++p) {
+      if (resolver.unused(comp, res->targets[static_cast<size_t>(p)])) continue;
       LoraDelta e;
       e.component = d.component;
       e.target = res->targets[static_cast<size_t>(p)];

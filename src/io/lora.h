@@ -39,6 +39,9 @@ struct LoraTarget {
   LoraComponent component = LoraComponent::kTransformer;
   std::string name;  // e.g. "transformer_blocks.0.attn.to_q.weight"
   Shape shape;
+  // A weight of the checkpoint that klein never runs (the text encoder's layers past the deepest
+  // tap): a LoRA module on it is checked and then dropped, as it cannot change the output.
+  bool unused = false;
 };
 
 // One module's change of rows [row0, row0 + rows) of a target weight, in float32:

@@ -147,7 +147,16 @@ std::vector<LoraTarget> lora_targets(const Flux2Transformer& m) {
 std::vector<LoraTarget> lora_targets(const Qwen3Encoder& m) {
   auto slots = slots_of(m.tensor_table(0, m.loaded_layers()));
   slots.erase("model.embed_tokens.weight");  // an embedding, not a linear
-  return targets_of(slots, LoraComponent::kTextEncoder);
+  std::vector<LoraTarget> t = targets_of(slots, LoraComponent::kTextEncoder);
+  // The layers past the deepest tap are never run: a LoRA on them is valid and changes nothing.
+  const std::string first = "model.layers.0.";
+  const size_t n = t.size();
+  for (int64_t i = m.loaded_layers(); i < m.config().num_layers; ++i)
+    for (size_t k = 0; k < n; ++k)
+      if (t[k].name.starts_with(first))
+        t.push_back({LoraComponent::kTextEncoder,
+                     "model.layers." + std::to_string(i) + "." + t[k].name.substr(first.size()), t[k].shape, true});
+  return t;
 }
 
 Status apply_loras(Flux2Transformer& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32,

@@ -360,6 +360,7 @@ void JobQueue::execute(Job& job) {
   req.guidance_scale = spec.guidance_scale;
   req.negative_prompt = spec.negative_prompt;
   req.reference_data = spec.references;
+  req.loras = spec.loras;
   std::vector<uint64_t> seeds;
   for (int k = 0; k < spec.n; ++k)
     seeds.push_back(spec.seed + static_cast<uint64_t>(k));  // wraps at 2^64, as any seed arithmetic would
