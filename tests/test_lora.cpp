@@ -15,6 +15,7 @@
 #include "io/npy.h"
 #include "io/safetensors_writer.h"
 #include "klein/klein.h"
+#include "klein/klein_c.h"
 #include "models/lora_apply.h"
 #include "testing.h"
 
@@ -318,6 +319,20 @@ TEST(Lora, RuntimeOnQuantizedEqualsDequantizeMergeRun) {
   }
 }
 
+// The memory plan's LoRA bytes: the factors, plus a copy of each weight merged (float32 on the
+// exact path).
+TEST(Lora, MemoryCountsFactorsAndMergedCopies) {
+  auto dit = must_load_dit(tiny_dit_dir());
+  const auto targets = lora_targets(dit);
+  const auto file = std::make_shared<const LoraFile>(must_parse("lora_diffusers.safetensors", targets));
+  const std::vector<LoraUse> uses{{file, 1.0f}};
+  uint64_t copies = 0;
+  for (const LoraTarget& t : targets) copies += static_cast<uint64_t>(shape_numel(t.shape)) * 4;
+  EXPECT_EQ(lora_memory(dit, uses, LoraApply::kRuntime, true), file->bytes());
+  EXPECT_EQ(lora_memory(dit, uses, LoraApply::kMerge, true), file->bytes() + copies);
+  EXPECT_EQ(lora_memory(dit, uses, LoraApply::kAuto, false), file->bytes() + copies / 2);  // bf16 copies
+}
+
 // PEFT's merge arithmetic on a bf16 weight: ΔW in float32, rounded to bf16, added in bf16.
 TEST(Lora, MergeRoundsLikePeftOnBf16) {
   std::vector<uint16_t> wb = {f32_to_bf16(1.0f), f32_to_bf16(-2.0f), f32_to_bf16(0.5f), f32_to_bf16(3.0f)};
@@ -422,21 +437,55 @@ TEST_F(LoraBadFile, AModelLoadFailsOnABadLora) {
   EXPECT_EQ(Model::open(testing::tiny(), lo).status().code(), Code::kInvalidArgument);
 }
 
-TEST(Lora, SpecParsing) {
-  std::string f;
-  float s = 0;
-  ASSERT_TRUE(parse_lora_spec("a.safetensors", &f, &s).ok());
-  EXPECT_EQ(f, "a.safetensors");
-  EXPECT_EQ(s, 1.0f);
-  ASSERT_TRUE(parse_lora_spec("dir/a.safetensors:0.75", &f, &s).ok());
-  EXPECT_EQ(f, "dir/a.safetensors");
-  EXPECT_EQ(s, 0.75f);
-  ASSERT_TRUE(parse_lora_spec("C:/x/a.safetensors", &f, &s).ok());  // not a number after the colon
-  EXPECT_EQ(f, "C:/x/a.safetensors");
-  ASSERT_TRUE(parse_lora_spec("a:-1.5", &f, &s).ok());
-  EXPECT_EQ(s, -1.5f);
-  EXPECT_FALSE(parse_lora_spec("a:1e9", &f, &s).ok());
-  EXPECT_FALSE(parse_lora_spec(":1", &f, &s).ok());
+// The C API's lora_paths / lora_scales / lora_mode reach LoadOptions: a resident open reads the
+// files (a bad mode or a missing file fails with its code).
+TEST(Lora, CApiLoadParams) {
+  const std::string good = (lora_dir() / "lora_diffusers.safetensors").string();
+  const char* paths[] = {good.c_str()};
+  const float scales[] = {0.5f};
+  klein_load_params lp = klein_load_default_params();
+  EXPECT_EQ(lp.num_loras, 0);
+  lp.threads = 1;
+  lp.memory = KLEIN_MEMORY_RESIDENT;
+  lp.lora_paths = paths;
+  lp.lora_scales = scales;
+  lp.num_loras = 1;
+  lp.lora_mode = KLEIN_LORA_RUNTIME;
+  klein_model* model = nullptr;
+  klein_error err;
+  ASSERT_EQ(klein_model_open(testing::tiny().c_str(), &lp, &model, &err), KLEIN_OK) << err.message;
+  klein_model_free(model);
+  lp.lora_mode = 7;
+  EXPECT_EQ(klein_model_open(testing::tiny().c_str(), &lp, &model, &err), KLEIN_INVALID_ARGUMENT);
+  lp.lora_mode = KLEIN_LORA_AUTO;
+  const char* missing[] = {"/nonexistent/lora.safetensors"};
+  lp.lora_paths = missing;
+  EXPECT_EQ(klein_model_open(testing::tiny().c_str(), &lp, &model, &err), KLEIN_NOT_FOUND);
+  EXPECT_NE(std::string(err.message).find("/nonexistent/lora.safetensors"), std::string::npos) << err.message;
+}
+
+// `klein generate --lora FILE:SCALE --lora-mode runtime` gives diffusers' LoRA latents; a
+// missing file or a bad scale is one line naming it and a non-zero exit.
+TEST(Lora, Cli) {
+  const fs::path dir = testing::make_temp_dir("lora_cli");
+  const std::string lora = (lora_dir() / "lora_kohya.safetensors").string();
+  auto r = testing::run_cli("generate --model " + testing::tiny() +
+                            " -p 'A cat holding a sign that says hello world' -W 64 -H 64 --steps 4 --seed 42 "
+                            "--precision fp32 --threads 2 --quiet --lora '" + lora + ":1' --lora-mode runtime -o '" +
+                            (dir / "a.png").string() + "' --dump '" + dir.string() + "' --dump-filter latents_final");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LE(max_rel_err(must_read_f32(dir / "latents_final.npy"), must_read_f32(lora_dir() / "kohya_s1" / "latents_final.npy")),
+            1e-5);
+  r = testing::run_cli("generate --model " + testing::tiny() + " -p x -W 64 -H 64 --steps 1 --quiet --lora '" +
+                       (dir / "missing.safetensors").string() + "' -o '" + (dir / "b.png").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("missing.safetensors"), std::string::npos) << r.err;
+  r = testing::run_cli("generate --model " + testing::tiny() + " -p x --quiet --lora '" + lora + ":1e9' -o '" +
+                       (dir / "c.png").string() + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--lora"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "b.png"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

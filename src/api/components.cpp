@@ -143,19 +143,29 @@ Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const Component
   return prepared(bind_transformer(spec), be, loras);
 }
 
+LoraApply lora_apply_mode(LoraMode mode) {
+  return mode == LoraMode::kMerge ? LoraApply::kMerge : mode == LoraMode::kRuntime ? LoraApply::kRuntime : LoraApply::kAuto;
+}
+
 template <class M>
-Status apply_lora_setup(M& model, const LoraSetup& loras, const Backend& be) {
-  if (loras.files.empty()) return Status::Ok();
+Result<std::vector<LoraUse>> read_loras(const M& model, const LoraSetup& loras) {
   const std::vector<LoraTarget> targets = lora_targets(model);
-  const LoraComponent comp = targets.empty() ? LoraComponent::kTransformer : targets[0].component;
+  const LoraComponent comp = std::is_same_v<M, Qwen3Encoder> ? LoraComponent::kTextEncoder : LoraComponent::kTransformer;
   std::vector<LoraUse> uses;
   for (const LoraSpec& l : loras.files) {
     KLEIN_ASSIGN_OR_RETURN(LoraFile f, load_lora(l.path, targets, comp));
     uses.push_back({std::make_shared<const LoraFile>(std::move(f)), l.scale});
   }
-  LoraApply mode = loras.mode == LoraMode::kMerge     ? LoraApply::kMerge
-                   : loras.mode == LoraMode::kRuntime ? LoraApply::kRuntime
-                                                      : LoraApply::kAuto;
+  return uses;
+}
+template Result<std::vector<LoraUse>> read_loras(const Qwen3Encoder&, const LoraSetup&);
+template Result<std::vector<LoraUse>> read_loras(const Flux2Transformer&, const LoraSetup&);
+
+template <class M>
+Status apply_lora_setup(M& model, const LoraSetup& loras, const Backend& be) {
+  if (loras.files.empty()) return Status::Ok();
+  KLEIN_ASSIGN_OR_RETURN(std::vector<LoraUse> uses, read_loras(model, loras));
+  const LoraApply mode = lora_apply_mode(loras.mode);
   int runtime = 0;
   KLEIN_RETURN_IF_ERROR(apply_loras(model, uses, mode, loras.merge_to_f32, nullptr, &runtime));
   // The CUDA backend's GEMMs have no low-rank epilogue yet.

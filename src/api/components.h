@@ -58,6 +58,11 @@ struct LoraSetup {
 template <class M>
 Status apply_lora_setup(M& model, const LoraSetup& loras, const Backend& be);
 
+// The LoRA files of `loras` read against `model`'s weights.
+template <class M>
+Result<std::vector<LoraUse>> read_loras(const M& model, const LoraSetup& loras);
+LoraApply lora_apply_mode(LoraMode mode);
+
 Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be,
                                                               const LoraSetup& loras = {});
 Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be,

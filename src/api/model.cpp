@@ -359,7 +359,9 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
 
     if (options.max_memory_gib > 0) {
       KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_spec, kKleinTextLayersNeeded, m->dit_spec,
-                                                              m->vae_spec));
+                                                              m->vae_spec,
+                                                              {options.loras, options.lora_mode,
+                                                               options.precision == Precision::kFp32}));
       m->sizes = sizes;
     }
     if (options.memory == MemoryPolicy::kResident) {

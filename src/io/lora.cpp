@@ -343,7 +343,9 @@ Result<LoraFile> parse_lora(const WeightStore& store, const std::vector<LoraTarg
   const Resolver resolver(targets);
   KLEIN_ASSIGN_OR_RETURN(const PeftSettings peft, peft_settings(store, component));
   std::vector<std::string> unmatched;
-  for (const auto& [mkey, m] : modules) {
+  for (const auto& entry : modules) {
+    const std::string& mkey = entry.first;  // not a structured binding: the lambdas below use it
+    const Module& m = entry.second;
     const PrefixRule* pre = nullptr;
     std::optional<Resolved> res;
     for (const PrefixRule& p : kPrefixes) {
@@ -521,25 +523,6 @@ Result<LoraFile> load_lora(const std::filesystem::path& path, const std::vector<
     return not_found("LoRA file '" + path.string() + "' does not exist or is not a file");
   KLEIN_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(path));
   return parse_lora(store, targets, component);
-}
-
-Status parse_lora_spec(const std::string& spec, std::string* file, float* scale) {
-  *file = spec;
-  *scale = 1.0f;
-  const size_t colon = spec.rfind(':');
-  if (colon != std::string::npos && colon + 1 < spec.size()) {
-    const std::string tail = spec.substr(colon + 1);
-    char* end = nullptr;
-    const double v = std::strtod(tail.c_str(), &end);
-    if (end && *end == '\0' && end != tail.c_str()) {
-      if (!std::isfinite(v) || std::fabs(v) > 100.0)
-        return invalid_argument("--lora " + spec + ": the scale must be a number from -100 to 100");
-      *file = spec.substr(0, colon);
-      *scale = static_cast<float>(v);
-    }
-  }
-  if (file->empty()) return invalid_argument("--lora " + spec + ": no file");
-  return Status::Ok();
 }
 
 }  // namespace klein

@@ -72,8 +72,4 @@ Result<LoraFile> parse_lora(const WeightStore& store, const std::vector<LoraTarg
 Result<LoraFile> load_lora(const std::filesystem::path& path, const std::vector<LoraTarget>& targets,
                            LoraComponent component);
 
-// "FILE[:SCALE]" → (FILE, SCALE); a suffix that is not a number is part of the file name
-// (Windows drive letters, names with colons). SCALE must be finite and |SCALE| ≤ 100.
-Status parse_lora_spec(const std::string& spec, std::string* file, float* scale);
-
 }  // namespace klein

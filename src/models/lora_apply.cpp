@@ -97,7 +97,44 @@ Status apply(std::map<std::string, Slot>& slots, LoraComponent comp, const std::
   return Status::Ok();
 }
 
+uint64_t memory_of(const std::map<std::string, Slot>& slots, LoraComponent comp, const std::vector<LoraUse>& loras,
+                   LoraApply mode, bool merge_to_f32) {
+  uint64_t bytes = 0;
+  std::map<std::string, const Weight*> changed;
+  for (const LoraUse& u : loras)
+    for (const LoraDelta& d : u.file->deltas) {
+      if (d.component != comp) continue;
+      bytes += (d.down.size() + d.up.size()) * sizeof(float);
+      if (auto it = slots.find(d.target); it != slots.end()) changed[d.target] = it->second.weight;
+    }
+  for (const auto& [name, w] : changed)
+    if (mode == LoraApply::kMerge || (mode == LoraApply::kAuto && mergeable(*w)))
+      bytes += static_cast<uint64_t>(format_row_bytes(merge_to_f32 ? DType::kF32 : w->dtype, w->cols())) *
+               static_cast<uint64_t>(w->rows());
+  return bytes;
+}
+
 }  // namespace
+
+uint64_t lora_memory(const Flux2Transformer& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32) {
+  return memory_of(slots_of(m.tensor_table()), LoraComponent::kTransformer, loras, mode, merge_to_f32);
+}
+
+uint64_t lora_memory(const Qwen3Encoder& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32) {
+  auto slots = slots_of(m.tensor_table(0, m.loaded_layers()));
+  // A stacked [gate; up] leaves gate and up empty until unstack_mlp: count them by their shapes.
+  uint64_t extra = 0;
+  for (auto& [name, slot] : slots)
+    if (slot.weight->empty()) slot.weight = nullptr;
+  std::map<std::string, Slot> present;
+  for (auto& [name, slot] : slots)
+    if (slot.weight) present[name] = slot;
+  for (const LoraUse& u : loras)
+    for (const LoraDelta& d : u.file->deltas)
+      if (d.component == LoraComponent::kTextEncoder && !present.count(d.target) && slots.count(d.target))
+        extra += static_cast<uint64_t>(d.rows * d.cols) * (merge_to_f32 ? 4 : 2);  // gate / up (16-bit or f32)
+  return memory_of(present, LoraComponent::kTextEncoder, loras, mode, merge_to_f32) + extra;
+}
 
 Result<Weight> merge_lora_deltas(const Weight& w, const std::vector<std::pair<const LoraDelta*, float>>& deltas,
                                  DType out) {

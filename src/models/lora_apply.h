@@ -40,6 +40,11 @@ Status apply_loras(Flux2Transformer& m, const std::vector<LoraUse>& loras, LoraA
 Status apply_loras(Qwen3Encoder& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32 = false,
                    int* merged = nullptr, int* runtime = nullptr);
 
+// What applying `loras` keeps in memory beyond the model's own weights: the factors (float32)
+// and, for each weight merged, its new copy (an upper bound for planning; nothing is applied).
+uint64_t lora_memory(const Flux2Transformer& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32);
+uint64_t lora_memory(const Qwen3Encoder& m, const std::vector<LoraUse>& loras, LoraApply mode, bool merge_to_f32);
+
 // W + s·ΔW for one float weight, as apply_loras merges it: a new owned Weight (exposed for tests).
 // `out`: F32, or w's own type (then PEFT's roundings).
 Result<Weight> merge_lora_deltas(const Weight& w, const std::vector<std::pair<const LoraDelta*, float>>& deltas,
