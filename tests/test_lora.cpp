@@ -359,7 +359,7 @@ TEST(Lora, MergeRoundsLikePeftOnBf16) {
 
 // ---- bad files: one line naming the file and the key
 
-class LoraBadFile : public ::testing::Test {
+class LoraFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     dit_ = std::make_unique<Flux2Transformer>(must_load_dit(tiny_dit_dir()));
@@ -369,21 +369,24 @@ class LoraBadFile : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   // Writes the tensors (float32, given shapes, filled with 0.01) and parses the file.
   Status parse(const std::vector<std::pair<std::string, Shape>>& t,
-               const std::map<std::string, std::string>& meta = {}) {
+               const std::map<std::string, std::string>& meta = {},
+               LoraComponent c = LoraComponent::kTransformer, LoraFile* out = nullptr) {
     std::vector<std::vector<float>> data;
     std::vector<TensorToWrite> w;
     for (const auto& [n, s] : t) data.emplace_back(static_cast<size_t>(shape_numel(s)), 0.01f);
     for (size_t i = 0; i < t.size(); ++i) w.push_back({t[i].first, DType::kF32, t[i].second, data[i].data()});
     const fs::path p = dir_ / "x.safetensors";
     EXPECT_TRUE(write_safetensors(p, w, meta).ok());
-    return load_lora(p, targets_, LoraComponent::kTransformer).status();
+    auto f = load_lora(p, targets_, c);
+    if (f.ok() && out) *out = std::move(f).value();
+    return f.status();
   }
   std::unique_ptr<Flux2Transformer> dit_;
   std::vector<LoraTarget> targets_;
   fs::path dir_;
 };
 
-TEST_F(LoraBadFile, EachErrorNamesTheProblem) {
+TEST_F(LoraFiles, EachErrorNamesTheProblem) {
   const std::string q = "transformer.transformer_blocks.0.attn.to_q";
   struct Bad {
     std::vector<std::pair<std::string, Shape>> t;
@@ -421,7 +424,37 @@ TEST_F(LoraBadFile, EachErrorNamesTheProblem) {
   EXPECT_NE(s.message().find("lora_adapter_metadata"), std::string::npos) << s.to_string();
 }
 
-TEST_F(LoraBadFile, AModelLoadFailsOnABadLora) {
+// Prefixes and spellings of the trainers: each resolves to the model's weight; modules of the
+// other component are left for its own load.
+TEST_F(LoraFiles, PrefixesAndAliasesResolve) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"base_model.model.double_blocks.1.txt_attn.proj", "transformer_blocks.1.attn.to_add_out.weight"},
+      {"model.diffusion_model.single_blocks.0.linear2", "single_transformer_blocks.0.attn.to_out.weight"},
+      {"diffusion_model.sformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_q.weight"},
+      {"diffusion_model.double_stream_modulation_img.lin", "double_stream_modulation_img.linear.weight"},
+      {"transformer_blocks.0.ff_context.linear_out", "transformer_blocks.0.ff_context.linear_out.weight"},
+      {"lora_unet_time_in_in_layer", "time_guidance_embed.timestep_embedder.linear_1.weight"},
+      {"lora_unet_single_transformer_blocks_1_attn_to_out", "single_transformer_blocks.1.attn.to_out.weight"},
+      {"lycoris_transformer_blocks_0_attn_to_out_0", "transformer_blocks.0.attn.to_out.0.weight"},
+  };
+  for (const auto& [module, target] : cases) {
+    const Shape* shape = nullptr;
+    for (const LoraTarget& t : targets_)
+      if (t.name == target) shape = &t.shape;
+    ASSERT_NE(shape, nullptr) << target;
+    const bool kohya = module.starts_with("lora_unet_");
+    LoraFile f;
+    const Status s = parse({{module + (kohya ? ".lora_down.weight" : ".lora_A.weight"), {2, (*shape)[1]}},
+                            {module + (kohya ? ".lora_up.weight" : ".lora_B.weight"), {(*shape)[0], 2}},
+                            {"text_encoder.model.layers.0.self_attn.q_proj.lora_A.weight", {2, 7}}},
+                           {}, LoraComponent::kTransformer, &f);
+    ASSERT_TRUE(s.ok()) << module << ": " << s.to_string();
+    ASSERT_EQ(f.deltas.size(), 1u) << module;
+    EXPECT_EQ(f.deltas[0].target, target) << module;
+  }
+}
+
+TEST_F(LoraFiles, AModelLoadFailsOnABadLora) {
   const std::string q = "transformer.transformer_blocks.0.attn.to_q";
   ASSERT_FALSE(parse({{q + ".lora_A.weight", {4, 32}}}).ok());
   LoadOptions lo;

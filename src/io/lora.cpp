@@ -149,6 +149,9 @@ class Resolver {
 
   std::optional<Resolved> resolve(LoraComponent c, Naming naming, const std::string& rest) const {
     std::string module = rest;
+    // Some ai-toolkit exports spell transformer_blocks "sformer_blocks" (diffusers
+    // _convert_non_diffusers_flux2_lora_to_diffusers normalizes the alias too).
+    if (naming == Naming::kDotted && module.starts_with("sformer_blocks.")) module = "tran" + module;
     if (naming == Naming::kUnderscore) {
       auto it = under_.find({c, rest});
       if (it == under_.end()) return std::nullopt;

@@ -137,21 +137,25 @@ void add_lora_terms(const kernels::KernelSet& ks, ThreadPool& pool, const Tensor
     const Weight up = r > 0 ? f32_matrix(t.up.data() + (a - t.row0) * r, n, r) : Weight();
     const Weight down = r > 0 ? f32_matrix(t.down.data(), r, K) : f32_matrix(t.down.data() + (a - t.row0) * K, n, K);
     const int64_t mc = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(1, r + n), 1, std::max<int64_t>(M, 1));
-    std::vector<float> mid(static_cast<size_t>(mc * r)), out(static_cast<size_t>(mc * n));
+    // Reused between calls (a fresh 8 MiB per linear would fault its pages in every time).
+    thread_local std::vector<float> buf;
+    if (buf.size() < static_cast<size_t>(mc * (r + n))) buf.resize(static_cast<size_t>(mc * (r + n)));
+    float* mid = buf.data();
+    float* out = buf.data() + mc * r;
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
       const int64_t mm = std::min(mc, M - m0);
       const float* xr = x.f32() + m0 * x.ld();
       if (r > 0) {
-        kernels::run_linear(ks, xr, mm, K, down, nullptr, mid.data(), pool, x.ld(), r);
-        kernels::run_linear(ks, mid.data(), mm, r, up, nullptr, out.data(), pool, r, n);
+        kernels::run_linear(ks, xr, mm, K, down, nullptr, mid, pool, x.ld(), r);
+        kernels::run_linear(ks, mid, mm, r, up, nullptr, out, pool, r, n);
       } else {
-        kernels::run_linear(ks, xr, mm, K, down, nullptr, out.data(), pool, x.ld(), n);
+        kernels::run_linear(ks, xr, mm, K, down, nullptr, out, pool, x.ld(), n);
       }
-      for (int64_t i = 0; i < mm; ++i) {
+      for_rows_on(pool, mm, n, [&](int64_t i) {
         float* yr = y.f32() + (m0 + i) * y.ld() + (a - w0);
-        const float* o = out.data() + i * n;
+        const float* o = out + i * n;
         for (int64_t j = 0; j < n; ++j) yr[j] += o[j] * t.scale;
-      }
+      });
     }
   }
 }
