@@ -196,7 +196,7 @@ Result<Mat> read_mat(const WeightStore& store, const std::string& key, bool scal
   KLEIN_ASSIGN_OR_RETURN(Weight w, store.get(key));
   const std::string where = store.origin() + ": '" + key + "' " + shape_str(w.shape);
   if (w.dtype != DType::kF32 && w.dtype != DType::kF16 && w.dtype != DType::kBF16)
-    return format_error(where + ": a LoRA tensor must be F32, F16 or BF16, not " + std::string(format_traits(w.dtype).safetensors_name));
+    return format_error(where + ": a LoRA tensor must be F32, F16 or BF16, not " + std::string(format_traits(w.dtype).name));
   KLEIN_RETURN_IF_ERROR(validate_weight(w));
   Mat m;
   if (scalar_ok) {

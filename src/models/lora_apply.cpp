@@ -69,7 +69,7 @@ Status apply(std::map<std::string, Slot>& slots, LoraComponent comp, const std::
     const bool merge = mode == LoraApply::kMerge || (mode == LoraApply::kAuto && mergeable(w));
     if (merge) {
       if (!mergeable(w))
-        return unsupported("LoRA: '" + name + "' is stored as " + std::string(format_traits(w.dtype).safetensors_name) +
+        return unsupported("LoRA: '" + name + "' is stored as " + std::string(format_traits(w.dtype).name) +
                            ", and merging into quantized weights is not done: use --lora-mode runtime (or auto)");
       KLEIN_ASSIGN_OR_RETURN(w, merge_lora_deltas(w, ds, merge_to_f32 ? DType::kF32 : w.dtype));
       ++nm;
