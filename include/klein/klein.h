@@ -102,6 +102,20 @@ enum class Variant {
   kBase,       // the undistilled base model: classifier-free guidance (scale 4.0) and 50 steps by default
 };
 
+// How LoRAs change the model (docs/lora.md).
+enum class LoraMode {
+  kAuto,     // merged into float weights (F32/BF16/F16) at load, at run time on the others (quantized)
+  kMerge,    // merged at load: W + s·(alpha/rank)·B·A, as diffusers' fuse_lora; quantized weights refuse
+  kRuntime,  // kept beside the weights: y += s·(alpha/rank)·(x·Aᵀ)·Bᵀ after each changed linear (CPU)
+};
+
+// A LoRA file (diffusers/PEFT, BFL-named PEFT from ai-toolkit / fal / ComfyUI, kohya / musubi-tuner,
+// LyCORIS LoKr / LoHa; safetensors) and its strength (multiplies alpha / rank; |scale| ≤ 100).
+struct LoraSpec {
+  std::string path;
+  float scale = 1.0f;
+};
+
 struct LoadOptions {
   int threads = 0;                       // worker threads; 0: all cores; at most kMaxThreads
   MemoryPolicy memory = MemoryPolicy::kLow;
@@ -133,6 +147,10 @@ struct LoadOptions {
   // against before anything is loaded: the same files, each of the recorded size and SHA-256
   // (hashed on `threads` threads at disk speed). Empty: no check.
   std::string verify_manifest;
+  // LoRAs applied, in order, to the transformer and the text encoder each time they are loaded
+  // (so once with kResident); a key that matches no weight of this model is a load error.
+  std::vector<LoraSpec> loras;
+  LoraMode lora_mode = LoraMode::kAuto;
 };
 
 // The largest max_memory_gib / vae_tile_above_gib accepted (a budget beyond it means nothing).
@@ -239,6 +257,10 @@ struct GenerateRequest {
   InitImage init_image;
   std::vector<double> sigmas;  // schedule overrides, as DenoiseParams
   double shift = 0;
+  // This request's LoRAs, on top of LoadOptions::loras and at run time (LoraMode::kRuntime, CPU
+  // backend): the loaded weights are not changed, so a resident model serves each request with
+  // its own LoRAs (the server's `lora` field). Read from their files for each request.
+  std::vector<LoraSpec> loras;
 };
 
 struct GenerateResult {

@@ -64,6 +64,13 @@ typedef enum klein_variant {
   KLEIN_VARIANT_BASE = 2       /* the base model: classifier-free guidance (4.0) and 50 steps by default */
 } klein_variant;
 
+/* How LoRAs apply (klein.h LoraMode). */
+typedef enum klein_lora_mode {
+  KLEIN_LORA_AUTO = 0,    /* merged into float weights, at run time beside quantized ones */
+  KLEIN_LORA_MERGE = 1,   /* merged at load (quantized weights: an error) */
+  KLEIN_LORA_RUNTIME = 2  /* y += s*(x*A^T)*B^T beside each changed linear (CPU backend) */
+} klein_lora_mode;
+
 typedef struct klein_model klein_model;     /* opaque */
 typedef struct klein_session klein_session; /* opaque: one request's state on a model (klein.h Session) */
 
@@ -100,6 +107,12 @@ typedef struct klein_load_params {
   /* NULL or "": none; else a manifest (`klein manifest`) the files are checked against first
      (klein.h LoadOptions::verify_manifest). */
   const char* verify_manifest;
+  /* LoRA files (klein.h LoadOptions::loras), applied in order: num_loras paths and their scales
+     (NULL: 1 each); lora_mode a klein_lora_mode. */
+  const char* const* lora_paths;
+  const float* lora_scales;
+  int num_loras;
+  int lora_mode;
 } klein_load_params;
 
 typedef struct klein_generate_params {

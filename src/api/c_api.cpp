@@ -85,6 +85,10 @@ klein_load_params klein_load_default_params(void) {
   p.vae = nullptr;
   p.variant = KLEIN_VARIANT_AUTO;
   p.verify_manifest = nullptr;
+  p.lora_paths = nullptr;
+  p.lora_scales = nullptr;
+  p.num_loras = 0;
+  p.lora_mode = KLEIN_LORA_AUTO;
   return p;
 }
 
@@ -142,6 +146,16 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
                 : p.variant == KLEIN_VARIANT_DISTILLED ? klein::Variant::kDistilled
                                                        : klein::Variant::kAuto;
     o.verify_manifest = p.verify_manifest ? p.verify_manifest : "";
+    if (p.num_loras < 0 || (p.num_loras > 0 && !p.lora_paths))
+      return klein::invalid_argument("klein_model_open: num_loras needs that many lora_paths");
+    if (p.lora_mode != KLEIN_LORA_AUTO && p.lora_mode != KLEIN_LORA_MERGE && p.lora_mode != KLEIN_LORA_RUNTIME)
+      return klein::invalid_argument("klein_model_open: lora_mode must be KLEIN_LORA_AUTO, KLEIN_LORA_MERGE or "
+                                     "KLEIN_LORA_RUNTIME");
+    for (int i = 0; i < p.num_loras; ++i)
+      o.loras.push_back({p.lora_paths[i] ? p.lora_paths[i] : "", p.lora_scales ? p.lora_scales[i] : 1.0f});
+    o.lora_mode = p.lora_mode == KLEIN_LORA_MERGE     ? klein::LoraMode::kMerge
+                  : p.lora_mode == KLEIN_LORA_RUNTIME ? klein::LoraMode::kRuntime
+                                                      : klein::LoraMode::kAuto;
     auto m = klein::Model::open(path ? path : "", o);
     if (!m.ok()) return m.status();
     *out = new klein_model{std::move(m).value()};

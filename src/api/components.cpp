@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <type_traits>
 
 #include "api/guard.h"
 #include "kernels/registry.h"
@@ -108,9 +109,10 @@ RunContext make_run_context(Engine& engine, Dumper* dumper, const Callbacks& cal
 
 namespace {
 template <class M>
-Result<std::shared_ptr<const M>> prepared(Result<M> loaded, Backend& be) {
+Result<std::shared_ptr<const M>> prepared(Result<M> loaded, Backend& be, const LoraSetup& loras = {}) {
   if (!loaded.ok()) return loaded.status();
   auto m = std::make_shared<M>(std::move(loaded).value());
+  if constexpr (!std::is_same_v<M, Flux2Vae>) KLEIN_RETURN_IF_ERROR(apply_lora_setup(*m, loras, be));
   KLEIN_RETURN_IF_ERROR(m->prepare(be));
   return std::shared_ptr<const M>(std::move(m));
 }
@@ -131,13 +133,49 @@ Result<Flux2Vae> bind_vae(const ComponentSpec& spec) {
   return Flux2Vae::load(std::move(src), spec.config, spec.config_where);
 }
 
-Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be) {
-  return prepared(bind_text_encoder(spec, layers_needed), be);
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be,
+                                                              const LoraSetup& loras) {
+  return prepared(bind_text_encoder(spec, layers_needed), be, loras);
 }
 
-Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be) {
-  return prepared(bind_transformer(spec), be);
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be,
+                                                                 const LoraSetup& loras) {
+  return prepared(bind_transformer(spec), be, loras);
 }
+
+LoraApply lora_apply_mode(LoraMode mode) {
+  return mode == LoraMode::kMerge ? LoraApply::kMerge : mode == LoraMode::kRuntime ? LoraApply::kRuntime : LoraApply::kAuto;
+}
+
+template <class M>
+Result<std::vector<LoraUse>> read_loras(const M& model, const LoraSetup& loras) {
+  const std::vector<LoraTarget> targets = lora_targets(model);
+  const LoraComponent comp = std::is_same_v<M, Qwen3Encoder> ? LoraComponent::kTextEncoder : LoraComponent::kTransformer;
+  std::vector<LoraUse> uses;
+  for (const LoraSpec& l : loras.files) {
+    KLEIN_ASSIGN_OR_RETURN(LoraFile f, load_lora(l.path, targets, comp));
+    uses.push_back({std::make_shared<const LoraFile>(std::move(f)), l.scale});
+  }
+  return uses;
+}
+template Result<std::vector<LoraUse>> read_loras(const Qwen3Encoder&, const LoraSetup&);
+template Result<std::vector<LoraUse>> read_loras(const Flux2Transformer&, const LoraSetup&);
+
+template <class M>
+Status apply_lora_setup(M& model, const LoraSetup& loras, const Backend& be) {
+  if (loras.files.empty()) return Status::Ok();
+  KLEIN_ASSIGN_OR_RETURN(std::vector<LoraUse> uses, read_loras(model, loras));
+  const LoraApply mode = lora_apply_mode(loras.mode);
+  int runtime = 0;
+  KLEIN_RETURN_IF_ERROR(apply_loras(model, uses, mode, loras.merge_to_f32, nullptr, &runtime));
+  // The CUDA backend's GEMMs have no low-rank epilogue yet.
+  if (runtime > 0 && be.device() != Device::kCpu)
+    return unsupported("LoRA: run-time application (quantized weights, or --lora-mode runtime) runs on the CPU "
+                       "backend only; use --backend cpu, or float weights with --lora-mode merge");
+  return Status::Ok();
+}
+template Status apply_lora_setup(Qwen3Encoder&, const LoraSetup&, const Backend&);
+template Status apply_lora_setup(Flux2Transformer&, const LoraSetup&, const Backend&);
 
 Result<std::shared_ptr<const Flux2Vae>> load_vae(const ComponentSpec& spec, Backend& be) {
   return prepared(bind_vae(spec), be);
@@ -168,6 +206,14 @@ Status check_load_options(const LoadOptions& options) {
     KLEIN_RETURN_IF_ERROR(api::check_gib("vae_tile_above_gib", options.vae_tile_above_gib));
     if (options.precision != Precision::kFp32 && options.precision != Precision::kFast)
       return invalid_argument("precision: unknown value " + std::to_string(static_cast<int>(options.precision)));
+    if (options.lora_mode != LoraMode::kAuto && options.lora_mode != LoraMode::kMerge &&
+        options.lora_mode != LoraMode::kRuntime)
+      return invalid_argument("lora_mode: unknown value " + std::to_string(static_cast<int>(options.lora_mode)));
+    for (const LoraSpec& l : options.loras) {
+      if (l.path.empty()) return invalid_argument("loras: an entry without a path");
+      if (!std::isfinite(l.scale) || std::fabs(l.scale) > 100.0f)
+        return invalid_argument("loras: " + l.path + ": the scale must be a number from -100 to 100");
+    }
     return Status::Ok();
   });
 }

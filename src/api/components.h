@@ -17,6 +17,7 @@
 #include "klein/klein.h"
 #include "models/flux2_dit.h"
 #include "models/flux2_vae.h"
+#include "models/lora_apply.h"
 #include "models/qwen3.h"
 
 namespace klein::api {
@@ -46,8 +47,26 @@ Result<Qwen3Encoder> bind_text_encoder(const ComponentSpec& spec, int layers_nee
 Result<Flux2Transformer> bind_transformer(const ComponentSpec& spec);
 Result<Flux2Vae> bind_vae(const ComponentSpec& spec);
 
-Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be);
-Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be);
+// LoRAs to apply to a model between binding and preparing it (LoadOptions::loras / lora_mode).
+struct LoraSetup {
+  std::vector<LoraSpec> files;
+  LoraMode mode = LoraMode::kAuto;
+  bool merge_to_f32 = false;  // Precision::kFp32: merged weights in float32, as diffusers' float32 pipeline
+};
+// Reads each LoRA file against `model`'s weights and applies it (models/lora_apply.h); run-time
+// terms are refused on a backend other than the CPU's.
+template <class M>
+Status apply_lora_setup(M& model, const LoraSetup& loras, const Backend& be);
+
+// The LoRA files of `loras` read against `model`'s weights.
+template <class M>
+Result<std::vector<LoraUse>> read_loras(const M& model, const LoraSetup& loras);
+LoraApply lora_apply_mode(LoraMode mode);
+
+Result<std::shared_ptr<const Qwen3Encoder>> load_text_encoder(const ComponentSpec& spec, int layers_needed, Backend& be,
+                                                              const LoraSetup& loras = {});
+Result<std::shared_ptr<const Flux2Transformer>> load_transformer(const ComponentSpec& spec, Backend& be,
+                                                                 const LoraSetup& loras = {});
 Result<std::shared_ptr<const Flux2Vae>> load_vae(const ComponentSpec& spec, Backend& be);
 
 // The CPU report behind klein::cpu_info(): model name, features, usable ISAs and the kernel

@@ -55,8 +55,21 @@ BlockedWeights blocked_weights(Qwen3Encoder& m, uint64_t* embed_row, uint64_t* e
   return blocks_of(m, all);
 }
 
+namespace {
+// A LoRA's resident bytes, added to the weights outside the blocks.
+template <class M>
+Status add_lora_bytes(const M& m, const LoraSetup& loras, BlockedWeights* w) {
+  if (loras.files.empty()) return Status::Ok();
+  KLEIN_ASSIGN_OR_RETURN(auto uses, read_loras(m, loras));
+  const uint64_t b = lora_memory(m, uses, lora_apply_mode(loras.mode), loras.merge_to_f32);
+  w->outside += b;
+  w->total += b;
+  return Status::Ok();
+}
+}  // namespace
+
 Result<WeightSizes> measure_weights(const ComponentSpec& te_spec, int te_layers, const ComponentSpec& dit_spec,
-                                    const ComponentSpec& vae_spec) {
+                                    const ComponentSpec& vae_spec, const LoraSetup& loras) {
   WeightSizes s;
   auto note_format = [&](Weight& w) {
     // Every GEMM reads f32 / bf16 / f16 rows in place (converting per K slice while packing);
@@ -68,11 +81,13 @@ Result<WeightSizes> measure_weights(const ComponentSpec& te_spec, int te_layers,
     KLEIN_ASSIGN_OR_RETURN(auto te, bind_text_encoder(te_spec, te_layers));
     s.te = blocked_weights(te, &s.te_embed_row, &s.te_embed_total);
     KLEIN_RETURN_IF_ERROR(te.for_each_weight(note_format));
+    KLEIN_RETURN_IF_ERROR(add_lora_bytes(te, loras, &s.te));
   }
   {
     KLEIN_ASSIGN_OR_RETURN(auto dit, bind_transformer(dit_spec));
     s.dit = blocked_weights(dit);
     KLEIN_RETURN_IF_ERROR(dit.for_each_weight(note_format));
+    KLEIN_RETURN_IF_ERROR(add_lora_bytes(dit, loras, &s.dit));
   }
   KLEIN_ASSIGN_OR_RETURN(auto vae, bind_vae(vae_spec));
   KLEIN_RETURN_IF_ERROR(vae.for_each_weight([&](Weight& w) {

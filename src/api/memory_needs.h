@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 
+#include "api/components.h"
 #include "api/layout.h"
 #include "api/memory_plan.h"
 #include "models/flux2_dit.h"
@@ -21,8 +22,10 @@ struct WeightSizes {
   uint64_t vae = 0;
   bool converts = false;         // a weight format the GEMMs expand per slab (not f32/bf16/f16)
 };
+// `loras` (LoadOptions::loras): their factors and merged copies count as resident weights
+// outside the blocks (api/components.h read_loras, models/lora_apply.h lora_memory).
 Result<WeightSizes> measure_weights(const ComponentSpec& te, int te_layers, const ComponentSpec& dit,
-                                    const ComponentSpec& vae);
+                                    const ComponentSpec& vae, const LoraSetup& loras = {});
 // Pure helpers behind measure_weights (exposed for tests).
 BlockedWeights blocked_weights(Flux2Transformer& m);
 BlockedWeights blocked_weights(Qwen3Encoder& m, uint64_t* embed_row, uint64_t* embed_total);

@@ -60,17 +60,39 @@ Status Model::Impl::require_full_model(const char* what) const {
   return Status::Ok();
 }
 
+namespace {
+// `base` with a request's LoRAs at run time: a copy of the model object (its weights share the
+// base's storage) whose changed weights carry the terms; the base stays as loaded.
+template <class M>
+Result<std::shared_ptr<const M>> with_request_loras(std::shared_ptr<const M> base, const std::vector<LoraSpec>* loras,
+                                                    Backend& be) {
+  if (!loras || loras->empty()) return base;
+  auto copy = std::make_shared<M>(*base);
+  KLEIN_RETURN_IF_ERROR(api::apply_lora_setup(*copy, {*loras, LoraMode::kRuntime, false}, be));
+  return std::shared_ptr<const M>(std::move(copy));
+}
+}  // namespace
+
 Result<std::shared_ptr<const Qwen3Encoder>> Model::Impl::text_encoder() const {
-  if (te) return te;
-  return api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend);
+  std::shared_ptr<const Qwen3Encoder> m = te;
+  if (!m) {
+    KLEIN_ASSIGN_OR_RETURN(m, api::load_text_encoder(te_spec, kKleinTextLayersNeeded, *engine->backend,
+                                                     {options.loras, options.lora_mode,
+                                                      options.precision == Precision::kFp32}));
+  }
+  return with_request_loras(std::move(m), request_loras, *engine->backend);
 }
 
 Result<std::shared_ptr<const Flux2Transformer>> Model::Impl::transformer(const RunContext& ctx) const {
-  if (dit) return dit;
-  ctx.report("load transformer", 0, 1);
-  KLEIN_ASSIGN_OR_RETURN(auto m, api::load_transformer(dit_spec, *engine->backend));
-  ctx.report("load transformer", 1, 1);
-  return m;
+  std::shared_ptr<const Flux2Transformer> m = dit;
+  if (!m) {
+    ctx.report("load transformer", 0, 1);
+    KLEIN_ASSIGN_OR_RETURN(m, api::load_transformer(dit_spec, *engine->backend,
+                                                    {options.loras, options.lora_mode,
+                                                     options.precision == Precision::kFp32}));
+    ctx.report("load transformer", 1, 1);
+  }
+  return with_request_loras(std::move(m), request_loras, *engine->backend);
 }
 
 Result<std::shared_ptr<const Flux2Vae>> Model::Impl::vae_model() const {
@@ -381,12 +403,15 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
 
     if (options.max_memory_gib > 0) {
       KLEIN_ASSIGN_OR_RETURN(auto sizes, api::measure_weights(m->te_spec, kKleinTextLayersNeeded, m->dit_spec,
-                                                              m->vae_spec));
+                                                              m->vae_spec,
+                                                              {options.loras, options.lora_mode,
+                                                               options.precision == Precision::kFp32}));
       m->sizes = sizes;
     }
     if (options.memory == MemoryPolicy::kResident) {
-      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_spec, kKleinTextLayersNeeded, *m->engine->backend));
-      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_spec, *m->engine->backend));
+      const api::LoraSetup loras{options.loras, options.lora_mode, options.precision == Precision::kFp32};
+      KLEIN_ASSIGN_OR_RETURN(m->te, api::load_text_encoder(m->te_spec, kKleinTextLayersNeeded, *m->engine->backend, loras));
+      KLEIN_ASSIGN_OR_RETURN(m->dit, api::load_transformer(m->dit_spec, *m->engine->backend, loras));
       KLEIN_ASSIGN_OR_RETURN(m->vae, api::load_vae(m->vae_spec, *m->engine->backend));
     }
     return std::unique_ptr<Model>(new Model(std::move(m)));

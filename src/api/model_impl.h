@@ -52,6 +52,9 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
 
   // One phase at a time: the thread pool and the models' scratch are not reentrant.
   mutable std::mutex mu;
+  // The running request's own LoRAs (GenerateRequest::loras; set under `mu` for one request):
+  // text_encoder() and transformer() hand out a copy of the model with them at run time.
+  mutable const std::vector<LoraSpec>* request_loras = nullptr;
 
   Status require_full_model(const char* what) const;
   Result<std::shared_ptr<const Qwen3Encoder>> text_encoder() const;

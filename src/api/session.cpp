@@ -322,6 +322,15 @@ Result<std::vector<GenerateResult>> Model::generate_batch(const GenerateRequest&
     std::lock_guard<std::mutex> lock(impl_->mu);
     const Model::Impl& m = *impl_;
     KLEIN_RETURN_IF_ERROR(m.require_full_model("generate"));
+    for (const LoraSpec& l : req.loras)
+      if (l.path.empty() || !std::isfinite(l.scale) || std::fabs(l.scale) > 100.0f)
+        return invalid_argument("generate: lora '" + l.path + "': a file and a scale from -100 to 100");
+    // This request's LoRAs, for the models it loads (cleared however the request ends).
+    struct RequestLoras {
+      const Model::Impl& m;
+      ~RequestLoras() { m.request_loras = nullptr; }
+    } request_loras{m};
+    m.request_loras = req.loras.empty() ? nullptr : &req.loras;
     if (seeds.empty() || seeds.size() > 64)
       return invalid_argument("generate: " + std::to_string(seeds.size()) + " seeds (1 to 64 images per request)");
     if (seeds.size() > 1 && !req.noise_npy.empty())

@@ -12,6 +12,7 @@ Result<Weight> Weight::row_range(int64_t r0, int64_t r1) const {
                           ") outside [0, " + std::to_string(rows()) + ")");
   Weight v = *this;
   v.shape[0] = r1 - r0;
+  v.lora_row0 += r0;
   const int64_t rb = row_bytes();
   v.data = static_cast<const uint8_t*>(data) + r0 * rb;
   v.nbytes = static_cast<size_t>((r1 - r0) * rb);
@@ -28,6 +29,8 @@ std::optional<Weight> Weight::stacked_with(const Weight& below) const {
   const Weight& a = *this;
   const Weight& b = below;
   if (a.empty() || b.empty() || a.layout != Layout::kRowMajor || b.layout != Layout::kRowMajor) return std::nullopt;
+  // A run-time LoRA belongs to one of the two (stacking would mix up its rows).
+  if (a.lora || b.lora) return std::nullopt;
   if (a.dtype != b.dtype || a.device != b.device || a.owner != b.owner || a.shape.size() != 2 ||
       b.shape.size() != 2 || a.cols() != b.cols() || a.act_rotation_group != b.act_rotation_group)
     return std::nullopt;

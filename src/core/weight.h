@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "core/format.h"
+#include "core/lora_delta.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -49,6 +50,11 @@ struct Weight {
   // same way first ((x·H)(W·H)ᵀ = x·Wᵀ, H·Hᵀ = I). 0: not rotated.
   int64_t act_rotation_group = 0;
   std::shared_ptr<const void> owner;  // keeps owned storage alive (null: the source owns it)
+  // LoRA applied at run time (null: none, the common case; the linear op tests only this
+  // pointer): the backend adds each term's rows [lora_row0, lora_row0 + rows()) to the output.
+  // lora_row0 is where this Weight's rows start in the rows the terms count (row views move it).
+  std::shared_ptr<const LoraTerms> lora;
+  int64_t lora_row0 = 0;
 
   bool empty() const { return data == nullptr; }
   int64_t numel() const { return shape_numel(shape); }

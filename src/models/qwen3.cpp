@@ -121,6 +121,21 @@ Result<Qwen3Encoder> Qwen3Encoder::load(const fs::path& dir, int num_layers_need
   return load(std::move(f.source), f.config, f.config_where, num_layers_needed);
 }
 
+void Qwen3Encoder::unstack_mlp() {
+  const int64_t I = cfg_.intermediate_size;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& L = layers_[i];
+    if (L.gate_up.empty()) continue;
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.";
+    // Rows [0, I) and [I, 2I) of a weight bound with those shapes: the views cannot fail.
+    L.gate = L.gate_up.row_range(0, I).value();
+    L.up = L.gate_up.row_range(I, 2 * I).value();
+    L.gate.name = p + "gate_proj.weight";
+    L.up.name = p + "up_proj.weight";
+    L.gate_up = Weight();
+  }
+}
+
 std::vector<Qwen3Encoder::TensorRow> Qwen3Encoder::tensor_table(int first, int last) const {
   const Qwen3Config& c = cfg_;
   const int64_t H = c.hidden_size, Dq = c.num_heads * c.head_dim, Dkv = c.num_kv_heads * c.head_dim;

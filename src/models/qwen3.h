@@ -60,6 +60,9 @@ class Qwen3Encoder {
   // The embedding's row and those of layers [first, last) (load sizes layers_ first), pointing
   // into this model; the per-layer walk asks for one layer's rows only.
   std::vector<TensorRow> tensor_table(int first, int last) const;
+  // Splits each [gate; up] stacked at load back into gate and up (row views, no copy), so that a
+  // LoRA can change either (models/lora_apply.h); the MLP then runs two linears.
+  void unstack_mlp();
   // Calls fn on every weight the model holds (empty optional ones included), stopping at the
   // first error: weight preparation for a backend, memory accounting, `klein info`.
   Status for_each_weight(const std::function<Status(Weight&)>& fn);

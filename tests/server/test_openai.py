@@ -7,6 +7,7 @@ serverlib.require("openai")
 
 import base64
 import json
+import os
 import unittest
 import urllib.request
 
@@ -18,7 +19,9 @@ from serverlib import Server, job_events, png_size, png_text, tiny_png
 class OpenAIClient(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.srv = Server("--api-key", "test-key")
+        # The LoRA fixtures (tests/data/lora, beside the tiny model) as the folder requests name LoRAs in.
+        cls.lora_dir = os.path.join(os.path.dirname(os.path.abspath(serverlib.TINY)), "lora")
+        cls.srv = Server("--api-key", "test-key", "--lora-dir", cls.lora_dir)
         cls.client = openai.OpenAI(base_url=cls.srv.url + "/v1", api_key="test-key", max_retries=0, timeout=60)
 
     @classmethod
@@ -106,6 +109,21 @@ class OpenAIClient(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             self.client.images.generate(prompt="x", size="32x32", extra_body={"guidance_scale": 500})
         self.assertEqual(e.exception.body["param"], "guidance_scale")
+
+    def test_lora_per_request(self):
+        # The resident model with a request's LoRA, without it, and with it again: the LoRA changes
+        # the image, and switching back gives the same bytes.
+        def gen(**extra):
+            return self.client.images.generate(prompt="x", size="32x32", extra_body={"seed": 3, "steps": 1, **extra})
+        a = gen(lora="lora_diffusers.safetensors:0.5").data[0].b64_json
+        b = gen().data[0].b64_json
+        c = gen(lora=["lora_diffusers.safetensors:0.5"]).data[0].b64_json
+        self.assertNotEqual(a, b)
+        self.assertEqual(a, c)
+        for bad in ("../lora_diffusers.safetensors", "a.safetensors:1e9", 5):
+            with self.assertRaises(openai.BadRequestError) as e:
+                gen(lora=bad)
+            self.assertEqual(e.exception.body["param"], "lora")
 
     def test_stream_without_partials_and_with_n(self):
         events = list(self.client.images.generate(prompt="x", size="32x32", n=2, stream=True,

@@ -19,6 +19,7 @@ namespace klein::cli {
 Command make_generate_command() {
   struct Opts {
     ModelArgs ma;
+    LoraArgs lora;
     std::string prompt, prompt_file, prompt_embeds, out, preview, noise, noise_dtype = "f32", dump, dump_filter,
         memory = "low", isa, precision = "fast", seed = "0", backend = "auto", negative_prompt, seeds, image, mask, sigmas;
     std::vector<std::string> refs;
@@ -31,6 +32,7 @@ Command make_generate_command() {
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("generate", "Generate an image from a prompt (PNG)");
     o->ma.add(s, kModelHelp);
+    o->lora.add(s);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     auto* pfile = s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
                       ->excludes(prompt);
@@ -196,6 +198,7 @@ Command make_generate_command() {
     lo.precision = o->precision == "fast" ? Precision::kFast : Precision::kFp32;
     lo.backend = parse_backend(o->backend);
     o->ma.apply(lo);
+    if (Status st = o->lora.apply(lo); !st.ok()) return fail(st);
     if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     GenerateRequest g;
     g.prompt = prompt;

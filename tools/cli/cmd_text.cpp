@@ -44,6 +44,7 @@ Command make_tokenize_command() {
 Command make_encode_command() {
   struct Opts {
     ModelArgs ma;
+    LoraArgs lora;
     std::string prompt, prompt_file, out, dump, dump_filter, isa, precision = "fast", backend = "auto";
     int threads = 0, max_length = 512;
     double max_memory = 0;
@@ -54,6 +55,7 @@ Command make_encode_command() {
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("encode", "Encode a prompt to prompt_embeds [1, 512, 3*hidden] (.npy, float32)");
     o->ma.add(s, kModelFileHelp);
+    o->lora.add(s);
     auto* prompt = s->add_option("--prompt,-p", o->prompt, "Prompt text (or --prompt-file)");
     prompt->each([o](const std::string&) { o->prompt_given = true; });
     s->add_option("--prompt-file", o->prompt_file, "Read the prompt from this UTF-8 text file ('-': stdin)")
@@ -92,6 +94,7 @@ Command make_encode_command() {
     lo.backend = parse_backend(o->backend);
     o->ma.apply(lo);
     if (!o->ma.any()) return fail(ModelArgs::none_given("encode"));
+    if (Status st = o->lora.apply(lo); !st.ok()) return fail(st);
     if (Status st = check_load_options_cli(lo); !st.ok()) return fail(st);
     auto model = Model::open(o->ma.model, lo);
     if (!model.ok()) return fail(model.status());

@@ -31,6 +31,15 @@ struct ModelArgs {
   // A command that needs a model and got none: one line naming the options.
   static Status none_given(const char* command);
 };
+// --lora FILE[:SCALE] (repeatable) and --lora-mode: the LoRAs of generate and encode.
+struct LoraArgs {
+  std::vector<std::string> specs;
+  std::string mode = "auto";
+  void add(CLI::App* s);
+  // Into `lo`; a bad FILE[:SCALE] is an error naming it.
+  Status apply(LoadOptions& lo) const;
+};
+
 inline constexpr const char* kModelFileHelp =
     "Model: a diffusers folder (model_index.json), an mflux pack folder (transformer/0.safetensors ...) or one "
     "safetensors / GGUF file (a BFL / ComfyUI transformer, or a "

@@ -1,7 +1,9 @@
 // Option values the CLI checks itself: seeds, prompt files, output paths that would overwrite an
 // input (each error names the option), the load options as the library checks them; the note on
 // --precision fp32 with quantized weights.
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -174,6 +176,41 @@ void ModelArgs::apply(LoadOptions& lo) const {
   lo.vae = vae;
   lo.verify_manifest = verify;
   lo.variant = variant == "base" ? Variant::kBase : variant == "distilled" ? Variant::kDistilled : Variant::kAuto;
+}
+
+void LoraArgs::add(CLI::App* s) {
+  s->add_option("--lora", specs,
+                "LoRA FILE[:SCALE] (repeatable, applied in order; SCALE default 1): safetensors from diffusers/PEFT, "
+                "ai-toolkit / fal / ComfyUI (BFL names), kohya / musubi-tuner (lora_unet_, alpha) or LyCORIS "
+                "(LoKr, LoHa); for the transformer and the text encoder");
+  s->add_option("--lora-mode", mode,
+                "How LoRAs apply: auto (default: merged into float weights at load, at run time beside quantized "
+                "ones), merge (float weights only; no per-step cost), runtime (y += s*(x*A^T)*B^T beside each "
+                "changed linear; CPU backend)")
+      ->check(CLI::IsMember({"auto", "merge", "runtime"}));
+}
+
+Status LoraArgs::apply(LoadOptions& lo) const {
+  for (const std::string& spec : specs) {
+    // FILE[:SCALE]: a suffix after the last ':' that reads as a number is the scale.
+    LoraSpec l{spec, 1.0f};
+    const size_t colon = spec.rfind(':');
+    if (colon != std::string::npos && colon + 1 < spec.size()) {
+      const std::string tail = spec.substr(colon + 1);
+      char* end = nullptr;
+      const double v = std::strtod(tail.c_str(), &end);
+      if (end != tail.c_str() && *end == '\0') {
+        l.path = spec.substr(0, colon);
+        l.scale = static_cast<float>(v);
+        if (!std::isfinite(v) || std::fabs(v) > 100.0)
+          return invalid_argument("--lora " + spec + ": the scale must be a number from -100 to 100");
+      }
+    }
+    if (l.path.empty()) return invalid_argument("--lora " + spec + ": no file");
+    lo.loras.push_back(std::move(l));
+  }
+  lo.lora_mode = mode == "merge" ? LoraMode::kMerge : mode == "runtime" ? LoraMode::kRuntime : LoraMode::kAuto;
+  return Status::Ok();
 }
 
 std::string ModelArgs::path(bool default_tiny) const { return default_tiny && !any() ? default_model_dir() : model; }

@@ -13,6 +13,7 @@ namespace klein::cli {
 Command make_serve_command() {
   struct Opts {
     ModelArgs ma;
+    LoraArgs lora;
     std::string memory = "resident", isa, precision = "fast", backend = "auto";
     int threads = 0, vae_tile = 0, max_body_mib = 32, load_delay_ms = 0, keep_results_mib = 256;
     double max_memory_gib = 0;
@@ -23,6 +24,7 @@ Command make_serve_command() {
   c.attach_fn = [o](CLI::App& app) {
     auto* s = app.add_subcommand("serve", "Serve the model over HTTP: OpenAI Images API, job events, a web page at /");
     o->ma.add(s, kModelHelp);
+    o->lora.add(s);
     s->add_option("--host", o->s.host, "Address to listen on (default 127.0.0.1: this machine only)");
     s->add_option("--port", o->s.port, "TCP port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
     s->add_option("--max-queue", o->s.queue.max_queue, "Jobs waiting behind the running one before 429 (default 16)")
@@ -42,6 +44,10 @@ Command make_serve_command() {
     s->add_option("--max-streams", o->s.max_watchers, "Event streams open on one job at once; more get 429 (default 8)")
         ->check(CLI::Range(1, 1000));
     s->add_flag("--verbose,-v", o->s.verbose, "Also log /health requests, client addresses and each job's end");
+    s->add_option("--lora-dir", o->s.limits.lora_dir,
+                  "Folder of LoRA .safetensors files that requests may name in their `lora` field "
+                  "(\"NAME[:SCALE]\" or a list), applied to that request only at run time on the resident model; "
+                  "without it requests cannot name LoRAs");
     s->add_option("--threads,-t", o->threads, "Worker threads of the engine (default: all cores)")->check(CLI::Range(0, 1024));
     s->add_option("--memory", o->memory, "resident: keep all components loaded (default); low: one at a time")
         ->check(CLI::IsMember({"low", "resident"}));
@@ -70,6 +76,7 @@ Command make_serve_command() {
     so.queue.load.backend = parse_backend(o->backend);
     so.queue.test_load_delay_ms = o->load_delay_ms;
     // The model loads in the background: a bad option must fail here, not in the first request.
+    if (Status st = o->lora.apply(so.queue.load); !st.ok()) return fail(st);
     if (Status st = check_load_options_cli(so.queue.load); !st.ok()) return fail(st);
     so.max_body_bytes = static_cast<size_t>(o->max_body_mib) << 20;
     so.queue.keep_bytes = static_cast<size_t>(o->keep_results_mib) << 20;

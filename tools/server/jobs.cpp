@@ -367,6 +367,7 @@ void JobQueue::execute(Job& job) {
     if (spec.mask) req.init_image.mask_data = *spec.mask;
     req.init_image.strength = spec.strength;
   }
+  req.loras = spec.loras;
   std::vector<uint64_t> seeds;
   for (int k = 0; k < spec.n; ++k)
     seeds.push_back(spec.seed + static_cast<uint64_t>(k));  // wraps at 2^64, as any seed arithmetic would

@@ -1,5 +1,6 @@
 #include "request.h"
 
+#include <algorithm>
 #include <charconv>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,7 +16,7 @@ using nlohmann::json;
 const std::set<std::string> kIgnored = {"model", "quality", "style", "background", "moderation", "user"};
 const std::set<std::string> kKnown = {"prompt", "n", "size", "response_format", "seed", "steps", "output_format",
                                       "output_compression", "stream", "partial_images", "input_fidelity",
-                                      "guidance_scale", "negative_prompt", "strength"};
+                                      "guidance_scale", "negative_prompt", "strength", "lora"};
 
 // An integer field: a JSON integer, or (from a form) decimal text.
 std::optional<ApiError> get_uint(const json& v, const std::string& name, uint64_t lo, uint64_t hi, uint64_t* out) {
@@ -57,6 +58,51 @@ std::optional<ApiError> parse_size(const std::string& s, const Limits& lim, int*
   }
   *w = v[0];
   *h = v[1];
+  return std::nullopt;
+}
+
+// `lora`: "NAME[:SCALE]" or a list of them (a form: NAME[:SCALE] entries separated by commas).
+// NAME is a file name in --lora-dir (no folders: a request never reads elsewhere); SCALE a
+// number from -100 to 100 (default 1).
+std::optional<ApiError> parse_loras(const json& v, const Limits& lim, std::vector<LoraSpec>* out) {
+  std::vector<std::string> items;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    for (size_t a = 0; a <= s.size();) {
+      const size_t b = std::min(s.find(',', a), s.size());
+      items.push_back(s.substr(a, b - a));
+      a = b + 1;
+    }
+  } else if (v.is_array()) {
+    for (const auto& e : v) {
+      if (!e.is_string()) return invalid("lora", "'lora' must be a string or a list of strings \"NAME[:SCALE]\"");
+      items.push_back(e.get<std::string>());
+    }
+  } else {
+    return invalid("lora", "'lora' must be a string or a list of strings \"NAME[:SCALE]\"");
+  }
+  if (lim.lora_dir.empty())
+    return invalid("lora", "this server takes no per-request LoRAs (start it with --lora-dir DIR)", "unsupported_value");
+  if (static_cast<int>(items.size()) > lim.max_loras)
+    return invalid("lora", "at most " + std::to_string(lim.max_loras) + " LoRAs per request");
+  for (const std::string& item : items) {
+    std::string name = item;
+    float scale = 1.0f;
+    const size_t colon = item.rfind(':');
+    if (colon != std::string::npos) {
+      name = item.substr(0, colon);
+      const std::string t = item.substr(colon + 1);
+      double x = 0;
+      const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), x);
+      if (t.empty() || ec != std::errc() || p != t.data() + t.size() || !(x >= -100 && x <= 100))
+        return invalid("lora", "'lora' " + item.substr(0, 80) + ": the scale must be a number from -100 to 100");
+      scale = static_cast<float>(x);
+    }
+    if (name.empty() || name.size() > 255 || name[0] == '.' || name.find_first_of("/\\") != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      return invalid("lora", "'lora' " + item.substr(0, 80) + ": a file name in the server's LoRA folder");
+    out->push_back({lim.lora_dir + "/" + name, scale});
+  }
   return std::nullopt;
 }
 
@@ -129,6 +175,8 @@ std::optional<ApiError> apply_fields(const json& body, const Limits& lim, JobSpe
       }
       if (!(st > 0 && st <= 1)) return invalid(key, "'strength' must be a number in (0, 1]");
       out->strength = st;
+    } else if (key == "lora") {
+      if (auto e = parse_loras(v, lim, &out->loras)) return e;
     } else if (key == "negative_prompt") {
       if (!v.is_string()) return invalid(key, "'negative_prompt' must be a string");
       if (v.get_ref<const std::string&>().size() > lim.max_prompt_bytes)

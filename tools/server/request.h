@@ -36,6 +36,9 @@ struct JobSpec {
   // image then one completed event per image.
   bool stream = false;
   int partial_images = 0;
+  // `lora`: files in the server's --lora-dir with their scales (paths joined there), applied to
+  // this request only, at run time (GenerateRequest::loras).
+  std::vector<LoraSpec> loras;
 };
 
 struct Limits {
@@ -44,6 +47,8 @@ struct Limits {
   int max_steps = 100;
   size_t max_prompt_bytes = 64 * 1024;
   int max_images = 8;      // reference images per edit
+  std::string lora_dir;    // --lora-dir: where a request's `lora` names are looked up ("": none allowed)
+  int max_loras = 8;
 };
 
 // A JSON body. `random_seed` is used when the body has no seed.

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <stdexcept>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "kernels/ref/elementwise.h"
@@ -108,6 +110,58 @@ Status CpuBackend::prepare_weight(Weight& w) {
 
 // ---- dense algebra
 
+namespace {
+
+// A float32 matrix of a LoRA term as a Weight the kernels read (no copy).
+Weight f32_matrix(const float* p, int64_t rows, int64_t cols) {
+  Weight w;
+  w.name = "lora term";
+  w.dtype = DType::kF32;
+  w.shape = {rows, cols};
+  w.data = p;
+  w.nbytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  return w;
+}
+
+// y[:, j] += scale · ((x · downᵀ) · upᵀ)[:, j] for every term of W.lora and the rows of W it
+// covers, in PEFT's order (the low-rank product first, then the scale). Rows of x go in chunks
+// so that the two intermediates stay small whatever the token count.
+void add_lora_terms(const kernels::KernelSet& ks, ThreadPool& pool, const TensorView& x, const Weight& W,
+                    const TensorView& y) {
+  const int64_t M = x.rows(), K = x.cols(), N = W.rows(), w0 = W.lora_row0;
+  for (const LowRankTerm& t : W.lora->terms) {
+    const int64_t a = std::max(w0, t.row0), b = std::min(w0 + N, t.row0 + t.rows);
+    if (a >= b) continue;
+    if (t.cols != K) throw std::invalid_argument(W.name + ": a LoRA term of " + std::to_string(t.cols) + " columns");
+    const int64_t n = b - a, r = t.rank;
+    const Weight up = r > 0 ? f32_matrix(t.up.data() + (a - t.row0) * r, n, r) : Weight();
+    const Weight down = r > 0 ? f32_matrix(t.down.data(), r, K) : f32_matrix(t.down.data() + (a - t.row0) * K, n, K);
+    const int64_t mc = std::clamp<int64_t>((int64_t{1} << 21) / std::max<int64_t>(1, r + n), 1, std::max<int64_t>(M, 1));
+    // Reused between calls (a fresh 8 MiB per linear would fault its pages in every time).
+    thread_local std::vector<float> buf;
+    if (buf.size() < static_cast<size_t>(mc * (r + n))) buf.resize(static_cast<size_t>(mc * (r + n)));
+    float* mid = buf.data();
+    float* out = buf.data() + mc * r;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+      const int64_t mm = std::min(mc, M - m0);
+      const float* xr = x.f32() + m0 * x.ld();
+      if (r > 0) {
+        kernels::run_linear(ks, xr, mm, K, down, nullptr, mid, pool, x.ld(), r);
+        kernels::run_linear(ks, mid, mm, r, up, nullptr, out, pool, r, n);
+      } else {
+        kernels::run_linear(ks, xr, mm, K, down, nullptr, out, pool, x.ld(), n);
+      }
+      for_rows_on(pool, mm, n, [&](int64_t i) {
+        float* yr = y.f32() + (m0 + i) * y.ld() + (a - w0);
+        const float* o = out + i * n;
+        for (int64_t j = 0; j < n; ++j) yr[j] += o[j] * t.scale;
+      });
+    }
+  }
+}
+
+}  // namespace
+
 Status CpuBackend::linear(const TensorView& x, const Weight& W, const Weight* bias, const TensorView& y) {
   KLEIN_RETURN_IF_ERROR(check_mat("linear", "x", x));
   KLEIN_RETURN_IF_ERROR(check_mat("linear", "y", y));
@@ -116,12 +170,14 @@ Status CpuBackend::linear(const TensorView& x, const Weight& W, const Weight* bi
                              ", " + std::to_string(W.rows()) + "]");
   return guarded("linear", [&] {
     kernels::run_linear(kernels_, x.f32(), x.rows(), x.cols(), W, bias, y.f32(), pool_, x.ld(), y.ld());
+    if (W.lora) add_lora_terms(kernels_, pool_, x, W, y);
   });
 }
 
 Status CpuBackend::linear_swiglu(const TensorView& x, const Weight& W, const Weight* bias,
                                  const TensorView& u_scratch, const TensorView& out) {
-  if (!kernels_.get(kernels::Op::kLinear, W.dtype).linear_swiglu || x.cols() == 0)
+  // A run-time LoRA adds to the projection before the SwiGLU: the unfused path.
+  if (!kernels_.get(kernels::Op::kLinear, W.dtype).linear_swiglu || x.cols() == 0 || W.lora)
     return Backend::linear_swiglu(x, W, bias, u_scratch, out);
   KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "x", x));
   KLEIN_RETURN_IF_ERROR(check_mat("linear_swiglu", "out", out));
