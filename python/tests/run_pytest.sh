@@ -9,6 +9,7 @@
 # reports as a skip, with the reason.
 set -euo pipefail
 build=$1 src=$2 engine=$3 cli=$4
+shift 4  # the rest goes to pytest (e.g. -k NAME, --durations=10)
 venv=$build/python-venv
 deps=(numpy pytest Pillow mypy "scikit-build-core>=0.10" "nanobind>=2.0")
 if ! [ -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import numpy, pytest, PIL, mypy, scikit_build_core, nanobind" 2>/dev/null; then
@@ -32,4 +33,4 @@ echo "python: package built and installed in $((SECONDS - t0)) s"
 # From the build folder, so that `import klein` is the installed package, not python/klein.
 cd "$build"
 export KLEIN_CLI="$cli" KLEIN_SOURCE_DIR="$src" PYTHONDONTWRITEBYTECODE=1
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "$src/python/tests"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "$src/python/tests" "$@"
