@@ -180,7 +180,10 @@ def _step_hook(pipe: Any, cb: StepCallback) -> Callable[[int, int, npt.NDArray[n
     """The engine's preview (step 1..total) as diffusers' callback_on_step_end (step index 0..)."""
 
     def hook(step: int, total: int, preview: npt.NDArray[np.uint8]) -> None:
-        cb(pipe, step - 1, None, {"preview": preview})
+        r = cb(pipe, step - 1, None, {"preview": preview})
+        if isinstance(r, dict) and set(r) - {"preview"}:
+            raise ValueError(f"callback_on_step_end returned {sorted(set(r) - {'preview'})}: klein's denoising loop "
+                             "cannot take tensors back from the step callback (return None or callback_kwargs)")
 
     return hook
 
@@ -460,6 +463,7 @@ class Flux2KleinPipeline:
             session.set_references(paths, data)
 
         images: List[npt.NDArray[np.uint8]] = []
+        batch_noise: Optional[npt.NDArray[np.float32]] = None
         metadata: List[List[Tuple[str, str]]] = []
         try:
             for b, (p, er, nr) in enumerate(zip(prompts, embeds_rows, negative_rows)):
@@ -477,8 +481,10 @@ class Flux2KleinPipeline:
                     elif one_draw and i > 0:
                         # diffusers draws every image's noise from one generator as one tensor:
                         # image i is its i-th slice (image 0, the draw's start, came from the seed).
-                        shape = [total, 128, session.height // 16, session.width // 16]
-                        img_noise = _klein.randn(shape, seeds[0] or 0)[i:i + 1]
+                        if batch_noise is None:
+                            shape = [total, 128, session.height // 16, session.width // 16]
+                            batch_noise = _klein.randn(shape, seeds[0] or 0)
+                        img_noise = batch_noise[i:i + 1]
                     session.denoise(width=int(width or 0), height=int(height or 0), steps=int(num_inference_steps or 0),
                                     seed=seeds[i] or 0, noise=img_noise, progress=progress, preview=step_hook,
                                     log=_log)
