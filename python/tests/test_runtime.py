@@ -203,3 +203,19 @@ def test_examples_and_package_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
                         *map(str, EXAMPLES), str(SOURCE / "python" / "klein")],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_extension_stub_names_every_binding() -> None:
+    """_klein.pyi (what mypy sees) and the compiled module define the same names."""
+    import ast
+
+    from klein import _klein
+
+    stub = ast.parse((SOURCE / "python" / "klein" / "_klein.pyi").read_text())
+    stubbed = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    compiled = {n for n in dir(_klein) if not n.startswith("_")}
+    assert stubbed == compiled
+    for cls in ("Model", "Session"):
+        node = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == cls)
+        members = {m.name for m in node.body if isinstance(m, ast.FunctionDef)} - {"__init__"}
+        assert members == {n for n in dir(getattr(_klein, cls)) if not n.startswith("_")}, cls
