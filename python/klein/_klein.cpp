@@ -238,6 +238,15 @@ struct PySession {
   std::mutex mu;  // one call at a time (a Session is not thread-safe; the GIL is released)
 };
 
+// f() under the Session's lock, waited for without the GIL: a call of this Session running on
+// another Python thread holds the lock and may need the GIL for its callbacks.
+template <class F>
+auto locked(PySession& s, F&& f) -> decltype(f()) {
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(s.mu);
+  return f();
+}
+
 nb::dict embeddings_dict(klein::PromptEmbeddings&& e) {
   nb::dict d;
   const int64_t n = static_cast<int64_t>(e.ids.size());
@@ -380,9 +389,9 @@ NB_MODULE(_klein, m) {
           "model"_a, "guidance_scale"_a = -1.0, "negative_prompt"_a = "")
       .def_prop_ro("guided", [](const PySession& s) { return s.session->guided(); })
       .def_prop_ro("guidance_scale", [](const PySession& s) { return s.session->guidance_scale(); })
-      .def_prop_ro("width", [](const PySession& s) { return s.session->width(); })
-      .def_prop_ro("height", [](const PySession& s) { return s.session->height(); })
-      .def_prop_ro("steps", [](const PySession& s) { return s.session->steps(); })
+      .def_prop_ro("width", [](PySession& s) { return locked(s, [&] { return s.session->width(); }); })
+      .def_prop_ro("height", [](PySession& s) { return locked(s, [&] { return s.session->height(); }); })
+      .def_prop_ro("steps", [](PySession& s) { return locked(s, [&] { return s.session->steps(); }); })
       .def(
           "encode_prompt",
           [](PySession& s, const std::string& prompt, nb::object progress, nb::object log) {
@@ -440,8 +449,7 @@ NB_MODULE(_klein, m) {
           "progress"_a = nb::none(), "preview"_a = nb::none(), "log"_a = nb::none())
       .def("latents",
            [](PySession& s) {
-             std::lock_guard<std::mutex> lock(s.mu);
-             klein::Latents l = take(s.session->latents());
+             klein::Latents l = take(locked(s, [&] { return s.session->latents(); }));
              return owned(std::move(l.data), l.shape);
            })
       .def(
@@ -467,9 +475,11 @@ NB_MODULE(_klein, m) {
       "save_png",
       [](const std::string& path, const InU8& image, const std::vector<std::pair<std::string, std::string>>& metadata) {
         const klein::Image img = image_from(image, "save_png");
-        nb::gil_scoped_release release;
-        const klein::Status st = klein::save_png(path, img, metadata);
-        nb::gil_scoped_acquire gil;
+        klein::Status st;
+        {
+          nb::gil_scoped_release release;
+          st = klein::save_png(path, img, metadata);
+        }
         check(st);
       },
       "path"_a, "image"_a, "metadata"_a = std::vector<std::pair<std::string, std::string>>{});

@@ -219,3 +219,18 @@ def test_the_extension_stub_names_every_binding() -> None:
         node = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == cls)
         members = {m.name for m in node.body if isinstance(m, ast.FunctionDef)} - {"__init__"}
         assert members == {n for n in dir(getattr(_klein, cls)) if not n.startswith("_")}, cls
+
+
+def test_a_session_used_from_two_threads_waits_without_deadlock(pipe: klein.Flux2KleinPipeline) -> None:
+    s = pipe.session()
+    s.encode_prompt("x")
+    s.denoise(generator=1, width=32, height=32, num_inference_steps=1)
+    previews: List[int] = []
+    t = threading.Thread(target=lambda: s.denoise(generator=2, width=512, height=512, num_inference_steps=8,
+                                                  callback=lambda step, total, img: previews.append(step)))
+    t.start()
+    time.sleep(0.2)
+    latents = s.latents()  # waits for the other thread's denoise, whose previews need the GIL
+    t.join(timeout=120)
+    assert not t.is_alive()
+    assert latents.shape in ((1, 128, 2, 2), (1, 128, 32, 32)) and previews == list(range(1, 9))
