@@ -20,6 +20,7 @@ pkgs=(g++ cmake ninja-build pkg-config libgtest-dev nlohmann-json3-dev libcli11-
 if [ "$test_tools" = 1 ]; then
   pkgs+=(qemu-user                                     # tests/avx2_only_cpu.sh: an AVX2-only CPU, emulated
          python3 python3-venv chromium chromium-driver # the server tests (openai, selenium: pip, in a venv)
+         python3-dev                                   # the Python package's tests (python/tests: pip builds it)
          # scripts/fuzz.sh: clang and its libFuzzer + sanitizer runtimes (both metapackages follow
          # the distribution's default LLVM, so their versions match)
          clang libclang-rt-dev

@@ -5,6 +5,7 @@
 // Set KLEIN_NOISE_EXTRA=<file> (written by the script's --extra) to check many more shapes/seeds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "core/dtype.h"
 #include "io/json_file.h"
 #include "io/npy.h"
+#include "klein/klein.h"
 #include "pipeline/noise.h"
 #include "testing.h"
 
@@ -181,6 +183,30 @@ TEST(Noise, ExtraCasesFromEnv) {
   const int n = check_hashes(cases["hashes"]);
   EXPECT_GT(n, 0);
   std::printf("checked %d extra noise cases\n", n);
+}
+
+// klein::randn, the public form (the Python package draws a batch's noise with it): torch's draw
+// for the t2i fixture's seed and shape, a batch whose first slice is the single draw, and shapes
+// refused with a message.
+TEST(Noise, PublicRandnIsTorchsDraw) {
+  auto ref = read_npy(testing::data_dir() / "ref" / "t2i_64x64" / "noise.npy");
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  auto one = klein::randn({1, 128, 4, 4}, 42);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  EXPECT_EQ(one->shape, (std::vector<int64_t>{1, 128, 4, 4}));
+  EXPECT_EQ(one->data, ref->to_f32());
+  auto batch = klein::randn({3, 128, 4, 4}, 42);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_TRUE(std::equal(one->data.begin(), one->data.end(), batch->data.begin()));
+  auto bf16 = klein::randn({1, 128, 4, 4}, 42, /*bf16=*/true);
+  ASSERT_TRUE(bf16.ok());
+  for (float v : bf16->data) EXPECT_EQ(bits(v) & 0xffffu, 0u);
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{}, {1, 0, 4}, {1 << 20, 1 << 20}}) {
+    auto r = klein::randn(bad, 1);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("randn"), std::string::npos) << r.status().message();
+  }
 }
 
 }  // namespace

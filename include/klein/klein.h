@@ -487,6 +487,12 @@ KLEIN_API Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFil
 // (EXIF orientation applied, at most 2^26 pixels); `name` names the data in errors.
 KLEIN_API Result<Image> decode_image(const std::vector<uint8_t>& data, const std::string& name = "image");
 
+// torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=float32, or
+// bfloat16 values with bf16) as float32: the seeded noise of DenoiseParams::seed. A batch drawn
+// from one generator is one call, e.g. diffusers' num_images_per_prompt = B from one generator
+// is shape [B, 128, H/16, W/16], image i its i-th slice. Every dimension >= 1, at most 2^31 values.
+KLEIN_API Result<FloatArray> randn(const std::vector<int64_t>& shape, uint64_t seed, bool bf16 = false);
+
 // Writes a float32 C-order .npy atomically, as save_png does. data.size() must match shape.
 KLEIN_API Status save_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
 // Reads a .npy (format 1.0/2.0, little-endian, C order; float32/64/16, int, uint8, bool) as
