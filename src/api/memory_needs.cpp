@@ -111,6 +111,10 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   // Guidance: the negative prompt's embeddings (on the host and the device) and the second
   // velocity [N, 128] next to the first.
   if (r.cfg) n.dit_activations += 2 * L * dit.joint_attention_dim * kF + N * dit.in_channels * kF;
+  // The KV variant: its cache (Flux2KvCache::bytes_for) lives through the denoising; the first step
+  // is the full-width call above, the later ones narrower.
+  if (r.kv && r.ref_tokens > 0)
+    n.dit_activations += Flux2KvCache::bytes_for(r.ref_tokens, dit.num_layers + dit.num_single_layers, dit.inner_dim());
 
   // VAE decode: about three activations of the widest full-resolution block (Flux2Vae::tile_size),
   // the image, and the latent-level activations kept whole while tiling.

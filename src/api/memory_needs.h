@@ -34,6 +34,7 @@ struct RequestShape {
   int threads = 1;
   bool editing = false;
   bool cfg = false;               // classifier-free guidance: negative embeddings, a second velocity
+  bool kv = false;                // the KV variant: the references' keys and values of every block
 };
 MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Flux2Config& dit,
                            const Flux2VaeConfig& vae, const RequestShape& r);
