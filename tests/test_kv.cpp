@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 
@@ -211,6 +213,23 @@ TEST(KvVariant, CachedCallEqualsTheExtractCall) {
   const std::vector<float> vt(trimmed->data(), trimmed->data() + trimmed->numel());
   EXPECT_LE(max_rel_err(vt, std::vector<float>(va.begin(), va.begin() + vt.size())), 1e-5);
 
+  // A bf16 cache (fast's): half the bytes, the cached call within bf16 rounding of the extract call.
+  Flux2KvCache half;
+  Flux2KvStep exh = ex;
+  exh.cache = &half;
+  exh.bf16 = true;
+  ASSERT_TRUE(m->forward(both, txt, 0.75f, ids, txt_ids, ctx, std::nullopt, -1, nullptr, &exh).ok());
+  EXPECT_TRUE(half.bf16);
+  EXPECT_EQ(half.bytes() * 2, cache.bytes());
+  Flux2KvStep cah = ca;
+  cah.cache = &half;
+  auto h = m->forward(noise, txt, 0.75f, img_ids, txt_ids, ctx, std::nullopt, -1, nullptr, &cah);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const double herr = max_rel_err(std::vector<float>(h->data(), h->data() + h->numel()), va);
+  std::printf("cached call through a bf16 cache vs the extract call: max rel err %.3g\n", herr);
+  EXPECT_GT(herr, 0.0);
+  EXPECT_LE(herr, 1e-2);
+
   // Misuse: no cache, an unfilled cache, references covering every token, too many outputs.
   Flux2KvStep bad = ca;
   bad.cache = nullptr;
@@ -255,6 +274,38 @@ TEST(KvVariant, MemoryPlanCountsTheCache) {
   const auto kv = klein::api::estimate_needs(w, te, *dit, vae, r);
   // 9B, one 1024² reference: 2 (K, V) x 4096 tokens x 4096 x 4 bytes x 32 blocks = 4 GiB in float32.
   EXPECT_EQ(kv.dit_activations - plain.dit_activations, uint64_t{4} << 30);
+  r.kv_bf16 = true;  // fast: half
+  EXPECT_EQ(klein::api::estimate_needs(w, te, *dit, vae, r).dit_activations - plain.dit_activations, uint64_t{2} << 30);
+}
+
+// The packed bf16 store: the CPU backend's in-place conversion gives the default composition's
+// bits (through the host), each value torch's round-to-nearest-even bf16, strided views included.
+TEST(KvVariant, Bf16PackRoundTrips) {
+  using namespace klein;
+  CpuBackend be(CpuBackendOptions{2});
+  const int64_t R = 37, C = 300;  // more than one 256-value chunk per row
+  Tensor src = random_tensor({R, 2 * C + 6}, 9);
+  src.data()[5] = std::numeric_limits<float>::infinity();
+  src.data()[7] = 1.0f + 1.0f / 256;  // a tie: rounds to even (1.0)
+  const TensorView wide = src.view().col_range(3, 3 + 2 * C);
+  Tensor p1({R, C}), p2({R, C}), back({R, 2 * C});
+  ASSERT_TRUE(be.pack_bf16(wide, p1).ok());
+  ASSERT_TRUE(be.Backend::pack_bf16(wide, p2).ok());
+  EXPECT_EQ(std::memcmp(p1.data(), p2.data(), sizeof(float) * R * C), 0);
+  ASSERT_TRUE(be.unpack_bf16(p1, back).ok());
+  Tensor back2({R, 2 * C});
+  ASSERT_TRUE(be.Backend::unpack_bf16(p1, back2).ok());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < 2 * C; ++c) {
+      const float want = round_bf16(src.data()[r * (2 * C + 6) + 3 + c]);
+      ASSERT_EQ(back.data()[r * 2 * C + c], want) << r << "," << c;
+      ASSERT_EQ(back2.data()[r * 2 * C + c], want) << r << "," << c;
+    }
+  EXPECT_EQ(back.data()[2], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(back.data()[4], 1.0f);
+  Tensor bad({R, C + 1});
+  EXPECT_EQ(be.pack_bf16(wide, bad).code(), Code::kInvalidArgument);
+  EXPECT_EQ(be.Backend::unpack_bf16(bad, back).code(), Code::kInvalidArgument);
 }
 
 TEST(KvVariant, VariantComesFromTheFolderOrTheOption) {

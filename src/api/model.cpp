@@ -99,6 +99,7 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.editing = ref_tokens > 0;
   r.cfg = cfg;
   r.kv = kv;
+  r.kv_bf16 = options.precision == Precision::kFast;
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
   // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
@@ -225,7 +226,7 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, 
   std::unique_ptr<Predictor> predictor;
   Flux2KvCache kv_cache;  // the references' keys and values (KV variant), for this image's steps
   if (kv && !neg)
-    predictor = std::make_unique<KvPredictor>(*m, cond, kv_cache);
+    predictor = std::make_unique<KvPredictor>(*m, cond, kv_cache, options.precision == Precision::kFast);
   else if (neg)
     predictor = std::make_unique<CfgPredictor>(*m, cond, *neg, guidance_scale);
   else

@@ -274,7 +274,7 @@ void Flux2Transformer::for_each_block_weight(int i, const std::function<void(con
 
 uint64_t Flux2KvCache::bytes() const {
   uint64_t n = 0;
-  for (const Tensor& t : layers) n += static_cast<uint64_t>(t.numel()) * sizeof(float);
+  for (const Tensor& t : layers) n += static_cast<uint64_t>(t.numel()) * sizeof(float);  // packed or not
   return n;
 }
 

@@ -72,18 +72,20 @@ struct Flux2Config {
 
 // The reference keys and values of the KV-cached editing variant (diffusers' Flux2KVCache, for
 // Flux2KleinKVPipeline): per block in run order (double blocks, then single blocks), the
-// references' post-RoPE keys and values [R, 2D] (K | V), stored by an "extract" call and read by
-// "cached" calls. They depend on the references alone (reference queries attend to reference keys
-// only, under their own fixed-timestep modulation), so one cache serves every step, seed and
-// prompt of a request.
+// references' post-RoPE keys and values (K | V, 2D values per token), stored by an "extract" call
+// and read by "cached" calls: float32 [R, 2D], or rounded to bf16 and packed two to a float slot
+// [R, D] (Backend::pack_bf16: half the memory; the `fast` precision's choice). They depend on the
+// references alone (reference queries attend to reference keys only, under their own
+// fixed-timestep modulation), so one cache serves every step, seed and prompt of a request.
 struct Flux2KvCache {
   int64_t ref_tokens = 0;
+  bool bf16 = false;
   std::vector<Tensor> layers;
   bool filled() const { return ref_tokens > 0 && !layers.empty(); }
   uint64_t bytes() const;
-  // Bytes of a cache of `ref_tokens` for this many blocks of width D (float32 K and V).
-  static uint64_t bytes_for(int64_t ref_tokens, int64_t blocks, int64_t D) {
-    return static_cast<uint64_t>(ref_tokens) * static_cast<uint64_t>(2 * D) * sizeof(float) *
+  // Bytes of a cache of `ref_tokens` for this many blocks of width D.
+  static uint64_t bytes_for(int64_t ref_tokens, int64_t blocks, int64_t D, bool bf16 = false) {
+    return static_cast<uint64_t>(ref_tokens) * static_cast<uint64_t>(2 * D) * (bf16 ? 2u : 4u) *
            static_cast<uint64_t>(blocks);
   }
 };
@@ -100,6 +102,7 @@ struct Flux2KvStep {
   int64_t ref_tokens = 0;  // kExtract: R
   float ref_timestep = 0.0f;
   Flux2KvCache* cache = nullptr;
+  bool bf16 = false;  // kExtract: store the cache as packed bf16
 };
 
 class Flux2Transformer {

@@ -96,9 +96,12 @@ struct Flux2Transformer::Step {
   // the qkv buffer (cached).
   Status kv_cache_io(Backend& be, size_t layer, int64_t D) {
     if (!cache) return Status::Ok();
-    const TensorView kv_cols = qkv.view().col_range(D, 3 * D);
-    if (R > 0) return be.copy(kv_cols.row_range(C + T, C + T + R), cache->layers[layer].view());
-    return be.copy(cache->layers[layer].view(), kv_cols.row_range(0, C));
+    const TensorView kv_cols = qkv.view().col_range(D, 3 * D), stored = cache->layers[layer].view();
+    if (R > 0) {
+      const TensorView refs = kv_cols.row_range(C + T, C + T + R);
+      return cache->bf16 ? be.pack_bf16(refs, stored) : be.copy(refs, stored);
+    }
+    return cache->bf16 ? be.unpack_bf16(stored, kv_cols.row_range(0, C)) : be.copy(stored, kv_cols.row_range(0, C));
   }
 };
 
@@ -237,7 +240,7 @@ Status Flux2Transformer::single_block(size_t bi, Step& st, const RunContext& ctx
   KLEIN_ASSIGN_OR_RETURN(const Weight w_qkv, b.qkv_mlp.row_range(0, 3 * D));
   KLEIN_ASSIGN_OR_RETURN(const Weight w_mlp, b.qkv_mlp.row_range(3 * D, 3 * D + 2 * F));
   const TensorView qkv = st.qkv_rows(), nrm = st.nrm.view();
-  const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D), v = qkv.col_range(2 * D, 3 * D);
+  const TensorView q = qkv.col_range(0, D), k = qkv.col_range(D, 2 * D);
   KLEIN_RETURN_IF_ERROR(be.linear(nrm.row_range(r0, r1), w_qkv, nullptr, qkv.row_range(r0, r1)));
   if (trim) {  // K and V alone for the rows before and after
     KLEIN_ASSIGN_OR_RETURN(const Weight w_kv, b.qkv_mlp.row_range(D, 3 * D));
@@ -314,10 +317,11 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
       if (!cc.filled() || static_cast<int64_t>(cc.layers.size()) != blocks)
         return invalid_argument("transformer: KV cached call without a filled cache of " + std::to_string(blocks) +
                                 " blocks");
+      const int64_t width = cc.bf16 ? D : 2 * D;
       for (const Tensor& t : cc.layers)
-        if (t.ndim() != 2 || t.dim(0) != cc.ref_tokens || t.dim(1) != 2 * D)
+        if (t.ndim() != 2 || t.dim(0) != cc.ref_tokens || t.dim(1) != width)
           return invalid_argument("transformer: a KV cache layer has shape " + shape_str(t.shape()) + ", expected [" +
-                                  std::to_string(cc.ref_tokens) + ", " + std::to_string(2 * D) + "]");
+                                  std::to_string(cc.ref_tokens) + ", " + std::to_string(width) + "]");
       C = cc.ref_tokens;
     }
   }
@@ -403,8 +407,9 @@ Result<Tensor> Flux2Transformer::forward(const Tensor& img, const Tensor& txt, f
     Flux2KvCache& cache = *kv->cache;
     cache.layers.clear();
     cache.ref_tokens = 0;
+    cache.bf16 = kv->bf16;
     for (int64_t b = 0; b < blocks; ++b) {
-      KLEIN_ASSIGN_OR_RETURN(Tensor layer, be.alloc({R, 2 * D}, "the reference KV cache"));
+      KLEIN_ASSIGN_OR_RETURN(Tensor layer, be.alloc({R, kv->bf16 ? D : 2 * D}, "the reference KV cache"));
       cache.layers.push_back(std::move(layer));
     }  // ref_tokens is set when the call succeeds: a failed extract leaves no usable cache
   }

@@ -57,6 +57,7 @@ Result<Tensor> KvPredictor::predict(const Tensor& model_in, float t, int64_t N, 
     // Extract: [references; noise], as the pipeline concatenates them (ids likewise).
     kv.mode = Flux2KvStep::Mode::kExtract;
     kv.ref_tokens = S_ref;
+    kv.bf16 = bf16_;
     KLEIN_ASSIGN_OR_RETURN(in, be.alloc({S_ref + N, C}, "the transformer input"));
     KLEIN_RETURN_IF_ERROR(be.copy(model_in.view().row_range(N, N + S_ref), in.view().row_range(0, S_ref)));
     KLEIN_RETURN_IF_ERROR(be.copy(model_in.view().row_range(0, N), in.view().row_range(S_ref, S_ref + N)));

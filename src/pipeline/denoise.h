@@ -90,8 +90,9 @@ class CfgPredictor final : public Predictor {
 // The cache depends on the references alone, so a filled one serves later images of a batch too.
 class KvPredictor final : public Predictor {
  public:
-  KvPredictor(const Flux2Transformer& dit, const TextCondition& cond, Flux2KvCache& cache)
-      : dit_(&dit), cond_(&cond), cache_(&cache) {}
+  // bf16_cache: store the cache as packed bf16 (half the memory; `fast`), else float32.
+  KvPredictor(const Flux2Transformer& dit, const TextCondition& cond, Flux2KvCache& cache, bool bf16_cache)
+      : dit_(&dit), cond_(&cond), cache_(&cache), bf16_(bf16_cache) {}
   Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
                          BufferPool* work) override;
   int calls_per_step() const override { return 1; }
@@ -100,6 +101,7 @@ class KvPredictor final : public Predictor {
   const Flux2Transformer* dit_;
   const TextCondition* cond_;
   Flux2KvCache* cache_;
+  bool bf16_;
 };
 
 // Hooks around every step i (0-based), all optional; an error stops the loop with it.
