@@ -69,6 +69,15 @@ def step_flop(dit, txt, img, ref):
     return 2 * macs
 
 
+def kv_cached_step_flop(dit, txt, img, ref):
+    """A KV-cached step (9B-KV's steps after the first): text and image rows only, their attention
+    over [text, cached reference, image] keys; no reference row is computed."""
+    hd, H = dit["attention_head_dim"], dit["num_attention_heads"]
+    d = hd * H
+    extra = 2 * (txt + img) * ref * d * (dit["num_layers"] + dit["num_single_layers"] - 1) + 2 * img * ref * d
+    return step_flop(dit, txt, img, 0) + 2 * extra
+
+
 def parse_case(ap, case, ref_size):
     """'WxH:t2i' or 'WxH:edit' -> (case, image tokens, reference tokens); bad text ends the run."""
     def tokens(size, what):
@@ -78,31 +87,33 @@ def parse_case(ap, case, ref_size):
         return (int(m[1]) // 16) * (int(m[2]) // 16)
 
     size, _, mode = case.partition(":")
-    if mode not in ("t2i", "edit"):
-        ap.error(f"--case {case!r}: expected WxH:t2i or WxH:edit")
+    if mode not in ("t2i", "edit", "kv"):
+        ap.error(f"--case {case!r}: expected WxH:t2i, WxH:edit or WxH:kv")
     img = tokens(size, "--case")
-    ref = tokens(ref_size or size, "--ref-size") if mode == "edit" else 0
+    ref = tokens(ref_size or size, "--ref-size") if mode != "t2i" else 0
     return case, img, ref
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peak", type=float, required=True, help="GFLOP/s, all threads (e.g. the bf16 dot peak)")
-    ap.add_argument("--case", nargs="+", default=["256x256:t2i"], help="WxH:t2i or WxH:edit")
+    ap.add_argument("--case", nargs="+", default=["256x256:t2i"],
+                    help="WxH:t2i, WxH:edit, or WxH:kv (an edit through the KV pipeline: the table below)")
+    ap.add_argument("--refs", type=int, default=1, help="references of an edit or kv case (each of --ref-size)")
     ap.add_argument("--ref-size", help="an edit's reference as WxH (default: the output size)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=21, help="the prompt's real tokens, chat template included (21: bench/vs_pytorch.sh's prompt)")
     ap.add_argument("--model", help="a diffusers folder whose configs give the dims")
     a = ap.parse_args()
-    if not a.peak > 0 or a.steps < 1 or not 1 <= a.prompt_tokens <= 512:
-        ap.error("--peak must be > 0, --steps >= 1 and --prompt-tokens 1..512")
+    if not a.peak > 0 or a.steps < 1 or not 1 <= a.prompt_tokens <= 512 or a.refs < 1:
+        ap.error("--peak must be > 0, --steps >= 1, --refs >= 1 and --prompt-tokens 1..512")
     try:
         dit, te = load_cfg(a.model)
     except (OSError, ValueError) as e:
         ap.error(f"--model {a.model}: {e}")
     t_flop = text_encode_flop(te, 512, a.prompt_tokens)
     peak = a.peak * 1e9
-    cases = [parse_case(ap, c, a.ref_size) for c in a.case]
+    cases = [(c, img, ref * a.refs) for c, img, ref in (parse_case(ap, c, a.ref_size) for c in a.case)]
     print(f"| case | text encode TFLOP | step TFLOP | text encode at peak s | step at peak s | "
           f"text encode + {a.steps} steps at peak s |")
     print("|---|---|---|---|---|---|")
@@ -110,6 +121,17 @@ def main():
         s_flop = step_flop(dit, 512, img, ref)
         print(f"| {c} | {t_flop / 1e12:.3f} | {s_flop / 1e12:.3f} | {t_flop / peak:.2f} | {s_flop / peak:.2f} | "
               f"{(t_flop + a.steps * s_flop) / peak:.2f} |")
+    kv = [(c, img, ref) for c, img, ref in cases if c.endswith(":kv")]
+    if kv:
+        # At equal efficiency of every multiply-add: what the KV pipeline's later steps cost beside a
+        # step without references, and the whole edit's speed-up over the plain pipeline.
+        print(f"\n| kv case ({a.refs} ref) | t2i step TFLOP | cached step TFLOP | cached / t2i | "
+              f"{a.steps}-step edit, plain / KV |")
+        print("|---|---|---|---|---|")
+        for c, img, ref in kv:
+            t2i, cached, full = step_flop(dit, 512, img, 0), kv_cached_step_flop(dit, 512, img, ref), step_flop(dit, 512, img, ref)
+            print(f"| {c} | {t2i / 1e12:.3f} | {cached / 1e12:.3f} | {cached / t2i:.2f} | "
+                  f"{a.steps * full / (full + (a.steps - 1) * cached):.2f} |")
 
 if __name__ == "__main__":
     main()

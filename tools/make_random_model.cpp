@@ -1,14 +1,15 @@
-// klein-make_random_model: writes a seeded random-weight model with the REAL FLUX.2 [klein] 4B
-// architecture, in the REAL diffusers folder layout of black-forest-labs/FLUX.2-klein-4B, for
+// klein-make_random_model: writes a seeded random-weight model with the REAL FLUX.2 [klein] 4B or
+// 9B architecture (--family), in the REAL diffusers folder layout of black-forest-labs/FLUX.2-klein-4B, for
 // benchmarks (speed and memory, not image quality):
 //
-//   DIR/model_index.json                          Flux2KleinPipeline, is_distilled true
+//   DIR/model_index.json                          Flux2KleinPipeline (9b-kv: Flux2KleinKVPipeline), is_distilled true
 //   DIR/scheduler/scheduler_config.json           FlowMatchEulerDiscreteScheduler (FLUX.2 values)
-//   DIR/text_encoder/config.json                  Qwen3-4B (transformers-5 spelling)
+//   DIR/text_encoder/config.json                  Qwen3-4B or Qwen3-8B (transformers-5 spelling; tied
+//                                                 embeddings for both, so no lm_head is written)
 //   DIR/text_encoder/generation_config.json
 //   DIR/text_encoder/model-0000k-of-0000n.safetensors + model.safetensors.index.json
 //   DIR/tokenizer/...                             copied from --tokenizer
-//   DIR/transformer/config.json                   Flux2Transformer2DModel 4B
+//   DIR/transformer/config.json                   Flux2Transformer2DModel 4B or 9B
 //   DIR/transformer/diffusion_pytorch_model-0000k-of-0000n.safetensors + ...index.json
 //   DIR/vae/config.json                           AutoencoderKLFlux2
 //   DIR/vae/diffusion_pytorch_model.safetensors   incl. bn.running_mean/var/num_batches_tracked
@@ -158,72 +159,76 @@ class SpecList {
   std::vector<Spec> v_;
 };
 
-// --- Qwen3-4B text encoder (qwen3-text-encoder.md §2.2) ---
-constexpr int64_t kQwVocab = 151936, kQwHidden = 2560, kQwInter = 9728, kQwHeads = 32, kQwKvHeads = 8,
-                  kQwHeadDim = 128;
+// --- the family's dimensions: klein 4B (Qwen3-4B encoder) or 9B (Qwen3-8B encoder) ---
+// (flux2-klein-pipeline.md §1.2, §9.1; qwen3-text-encoder.md §2.2; BFL's Klein4BParams/Klein9BParams)
+struct Dims {
+  int64_t qw_vocab, qw_hidden, qw_inter, qw_heads, qw_kv_heads, qw_head_dim;
+  int64_t tr_d, tr_f, tr_head_dim, tr_in, tr_ctx, tr_time;
+  int tr_double, tr_single;
+};
+constexpr Dims k4B{151936, 2560, 9728, 32, 8, 128, 3072, 9216, 128, 128, 7680, 256, 5, 20};
+constexpr Dims k9B{151936, 4096, 12288, 32, 8, 128, 4096, 12288, 128, 128, 12288, 256, 8, 24};
+Dims g{k4B};  // set once from --family before anything is written
 
 std::vector<Spec> text_encoder_specs(DType dt, int layers) {
   SpecList s(dt);
-  s.normal("model.embed_tokens.weight", {kQwVocab, kQwHidden}, 1.0f);
+  s.normal("model.embed_tokens.weight", {g.qw_vocab, g.qw_hidden}, 1.0f);
   for (int i = 0; i < layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    s.norm_weight(p + "input_layernorm.weight", kQwHidden);
-    s.linear(p + "self_attn.q_proj", kQwHeads * kQwHeadDim, kQwHidden);
-    s.linear(p + "self_attn.k_proj", kQwKvHeads * kQwHeadDim, kQwHidden);
-    s.linear(p + "self_attn.v_proj", kQwKvHeads * kQwHeadDim, kQwHidden);
-    s.norm_weight(p + "self_attn.q_norm.weight", kQwHeadDim);
-    s.norm_weight(p + "self_attn.k_norm.weight", kQwHeadDim);
-    s.linear(p + "self_attn.o_proj", kQwHidden, kQwHeads * kQwHeadDim);
-    s.norm_weight(p + "post_attention_layernorm.weight", kQwHidden);
-    s.linear(p + "mlp.gate_proj", kQwInter, kQwHidden);
-    s.linear(p + "mlp.up_proj", kQwInter, kQwHidden);
-    s.linear(p + "mlp.down_proj", kQwHidden, kQwInter);
+    s.norm_weight(p + "input_layernorm.weight", g.qw_hidden);
+    s.linear(p + "self_attn.q_proj", g.qw_heads * g.qw_head_dim, g.qw_hidden);
+    s.linear(p + "self_attn.k_proj", g.qw_kv_heads * g.qw_head_dim, g.qw_hidden);
+    s.linear(p + "self_attn.v_proj", g.qw_kv_heads * g.qw_head_dim, g.qw_hidden);
+    s.norm_weight(p + "self_attn.q_norm.weight", g.qw_head_dim);
+    s.norm_weight(p + "self_attn.k_norm.weight", g.qw_head_dim);
+    s.linear(p + "self_attn.o_proj", g.qw_hidden, g.qw_heads * g.qw_head_dim);
+    s.norm_weight(p + "post_attention_layernorm.weight", g.qw_hidden);
+    s.linear(p + "mlp.gate_proj", g.qw_inter, g.qw_hidden);
+    s.linear(p + "mlp.up_proj", g.qw_inter, g.qw_hidden);
+    s.linear(p + "mlp.down_proj", g.qw_hidden, g.qw_inter);
   }
-  s.norm_weight("model.norm.weight", kQwHidden);
+  s.norm_weight("model.norm.weight", g.qw_hidden);
   return std::move(s.specs());
 }
 
-// --- Flux2Transformer2DModel 4B (flux2-klein-pipeline.md §1.2, §9.1) ---
-constexpr int64_t kTrD = 3072, kTrF = 9216, kTrHeadDim = 128, kTrIn = 128, kTrCtx = 7680, kTrTime = 256;
-constexpr int kTrDouble = 5, kTrSingle = 20;
-
+// --- Flux2Transformer2DModel ---
 std::vector<Spec> transformer_specs(DType dt) {
   SpecList s(dt);
-  s.linear("x_embedder", kTrD, kTrIn);
-  s.linear("context_embedder", kTrD, kTrCtx);
-  s.linear("time_guidance_embed.timestep_embedder.linear_1", kTrD, kTrTime);
-  s.linear("time_guidance_embed.timestep_embedder.linear_2", kTrD, kTrD);
-  s.linear("double_stream_modulation_img.linear", 6 * kTrD, kTrD);
-  s.linear("double_stream_modulation_txt.linear", 6 * kTrD, kTrD);
-  s.linear("single_stream_modulation.linear", 3 * kTrD, kTrD);
-  for (int i = 0; i < kTrDouble; ++i) {
+  s.linear("x_embedder", g.tr_d, g.tr_in);
+  s.linear("context_embedder", g.tr_d, g.tr_ctx);
+  s.linear("time_guidance_embed.timestep_embedder.linear_1", g.tr_d, g.tr_time);
+  s.linear("time_guidance_embed.timestep_embedder.linear_2", g.tr_d, g.tr_d);
+  s.linear("double_stream_modulation_img.linear", 6 * g.tr_d, g.tr_d);
+  s.linear("double_stream_modulation_txt.linear", 6 * g.tr_d, g.tr_d);
+  s.linear("single_stream_modulation.linear", 3 * g.tr_d, g.tr_d);
+  for (int i = 0; i < g.tr_double; ++i) {
     const std::string p = "transformer_blocks." + std::to_string(i) + ".";
-    s.linear(p + "attn.to_q", kTrD, kTrD);
-    s.linear(p + "attn.to_k", kTrD, kTrD);
-    s.linear(p + "attn.to_v", kTrD, kTrD);
-    s.norm_weight(p + "attn.norm_q.weight", kTrHeadDim);
-    s.norm_weight(p + "attn.norm_k.weight", kTrHeadDim);
-    s.linear(p + "attn.to_out.0", kTrD, kTrD);
-    s.linear(p + "attn.add_q_proj", kTrD, kTrD);
-    s.linear(p + "attn.add_k_proj", kTrD, kTrD);
-    s.linear(p + "attn.add_v_proj", kTrD, kTrD);
-    s.norm_weight(p + "attn.norm_added_q.weight", kTrHeadDim);
-    s.norm_weight(p + "attn.norm_added_k.weight", kTrHeadDim);
-    s.linear(p + "attn.to_add_out", kTrD, kTrD);
-    s.linear(p + "ff.linear_in", 2 * kTrF, kTrD);
-    s.linear(p + "ff.linear_out", kTrD, kTrF);
-    s.linear(p + "ff_context.linear_in", 2 * kTrF, kTrD);
-    s.linear(p + "ff_context.linear_out", kTrD, kTrF);
+    s.linear(p + "attn.to_q", g.tr_d, g.tr_d);
+    s.linear(p + "attn.to_k", g.tr_d, g.tr_d);
+    s.linear(p + "attn.to_v", g.tr_d, g.tr_d);
+    s.norm_weight(p + "attn.norm_q.weight", g.tr_head_dim);
+    s.norm_weight(p + "attn.norm_k.weight", g.tr_head_dim);
+    s.linear(p + "attn.to_out.0", g.tr_d, g.tr_d);
+    s.linear(p + "attn.add_q_proj", g.tr_d, g.tr_d);
+    s.linear(p + "attn.add_k_proj", g.tr_d, g.tr_d);
+    s.linear(p + "attn.add_v_proj", g.tr_d, g.tr_d);
+    s.norm_weight(p + "attn.norm_added_q.weight", g.tr_head_dim);
+    s.norm_weight(p + "attn.norm_added_k.weight", g.tr_head_dim);
+    s.linear(p + "attn.to_add_out", g.tr_d, g.tr_d);
+    s.linear(p + "ff.linear_in", 2 * g.tr_f, g.tr_d);
+    s.linear(p + "ff.linear_out", g.tr_d, g.tr_f);
+    s.linear(p + "ff_context.linear_in", 2 * g.tr_f, g.tr_d);
+    s.linear(p + "ff_context.linear_out", g.tr_d, g.tr_f);
   }
-  for (int i = 0; i < kTrSingle; ++i) {
+  for (int i = 0; i < g.tr_single; ++i) {
     const std::string p = "single_transformer_blocks." + std::to_string(i) + ".";
-    s.linear(p + "attn.to_qkv_mlp_proj", 3 * kTrD + 2 * kTrF, kTrD);
-    s.norm_weight(p + "attn.norm_q.weight", kTrHeadDim);
-    s.norm_weight(p + "attn.norm_k.weight", kTrHeadDim);
-    s.linear(p + "attn.to_out", kTrD, kTrD + kTrF);
+    s.linear(p + "attn.to_qkv_mlp_proj", 3 * g.tr_d + 2 * g.tr_f, g.tr_d);
+    s.norm_weight(p + "attn.norm_q.weight", g.tr_head_dim);
+    s.norm_weight(p + "attn.norm_k.weight", g.tr_head_dim);
+    s.linear(p + "attn.to_out", g.tr_d, g.tr_d + g.tr_f);
   }
-  s.linear("norm_out.linear", 2 * kTrD, kTrD);
-  s.linear("proj_out", kTrIn, kTrD);
+  s.linear("norm_out.linear", 2 * g.tr_d, g.tr_d);
+  s.linear("proj_out", g.tr_in, g.tr_d);
   return std::move(s.specs());
 }
 
@@ -460,8 +465,8 @@ Status write_component(Writer& w, const fs::path& dir, const std::string& stem, 
 const char* kDiffusersVersion = "0.42.1";
 const char* kTransformersVersion = "5.23.0";
 
-nlohmann::json model_index() {
-  return {{"_class_name", "Flux2KleinPipeline"},
+nlohmann::json model_index(bool kv) {
+  return {{"_class_name", kv ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
           {"_diffusers_version", kDiffusersVersion},
           {"is_distilled", true},
           {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
@@ -500,18 +505,18 @@ nlohmann::json text_encoder_config(int layers, DType dt) {
           {"bos_token_id", 151643},
           {"dtype", dt == DType::kBF16 ? "bfloat16" : "float32"},
           {"eos_token_id", 151645},
-          {"head_dim", kQwHeadDim},
+          {"head_dim", g.qw_head_dim},
           {"hidden_act", "silu"},
-          {"hidden_size", kQwHidden},
+          {"hidden_size", g.qw_hidden},
           {"initializer_range", 0.02},
-          {"intermediate_size", kQwInter},
+          {"intermediate_size", g.qw_inter},
           {"layer_types", layer_types},
           {"max_position_embeddings", 40960},
           {"max_window_layers", layers},
           {"model_type", "qwen3"},
-          {"num_attention_heads", kQwHeads},
+          {"num_attention_heads", g.qw_heads},
           {"num_hidden_layers", layers},
-          {"num_key_value_heads", kQwKvHeads},
+          {"num_key_value_heads", g.qw_kv_heads},
           {"pad_token_id", nullptr},
           {"rms_norm_eps", 1e-06},
           {"rope_parameters", {{"rope_theta", 1000000.0}, {"rope_type", "default"}}},
@@ -520,7 +525,7 @@ nlohmann::json text_encoder_config(int layers, DType dt) {
           {"transformers_version", kTransformersVersion},
           {"use_cache", true},
           {"use_sliding_window", false},
-          {"vocab_size", kQwVocab}};
+          {"vocab_size", g.qw_vocab}};
 }
 
 nlohmann::json generation_config() {
@@ -536,20 +541,20 @@ nlohmann::json generation_config() {
 nlohmann::json transformer_config() {
   return {{"_class_name", "Flux2Transformer2DModel"},
           {"_diffusers_version", kDiffusersVersion},
-          {"attention_head_dim", kTrHeadDim},
+          {"attention_head_dim", g.tr_head_dim},
           {"axes_dims_rope", {32, 32, 32, 32}},
           {"eps", 1e-06},
           {"guidance_embeds", false},
-          {"in_channels", kTrIn},
-          {"joint_attention_dim", kTrCtx},
+          {"in_channels", g.tr_in},
+          {"joint_attention_dim", g.tr_ctx},
           {"mlp_ratio", 3.0},
-          {"num_attention_heads", kTrD / kTrHeadDim},
-          {"num_layers", kTrDouble},
-          {"num_single_layers", kTrSingle},
+          {"num_attention_heads", g.tr_d / g.tr_head_dim},
+          {"num_layers", g.tr_double},
+          {"num_single_layers", g.tr_single},
           {"out_channels", nullptr},
           {"patch_size", 1},
           {"rope_theta", 2000},
-          {"timestep_guidance_channels", kTrTime}};
+          {"timestep_guidance_channels", g.tr_time}};
 }
 
 // The real klein-4B vae/config.json (it carries force_upcast, which diffusers 0.42 ignores).
@@ -610,9 +615,10 @@ int fail(const Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Write a seeded random-weight FLUX.2 [klein] 4B model (real architecture and diffusers layout) for benchmarks",
+  CLI::App app{"Write a seeded random-weight FLUX.2 [klein] 4B or 9B model (real architecture and diffusers layout) for "
+               "benchmarks",
                "klein-make_random_model"};
-  std::string out, tokenizer, dtype_s = "bf16";
+  std::string out, tokenizer, dtype_s = "bf16", family = "4b";
   uint64_t seed = 0;
   int text_layers = 36;
   int threads = 0;
@@ -626,6 +632,10 @@ int main(int argc, char** argv) {
   app.add_option("--text-layers", text_layers, "Qwen3 decoder layers to write (real: 36; klein uses 0..26)")
       ->check(CLI::Range(1, 36))
       ->capture_default_str();
+  app.add_option("--family", family,
+                 "4b (Qwen3-4B encoder), 9b (Qwen3-8B encoder) or 9b-kv (9B under Flux2KleinKVPipeline)")
+      ->check(CLI::IsMember({"4b", "9b", "9b-kv"}))
+      ->capture_default_str();
   app.add_option("--threads", threads, "Fill threads (0 = all cores)")->capture_default_str();
   app.add_option("--max-shard-mb", max_shard_mb, "Largest shard size in MB (1e6 bytes)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -638,6 +648,7 @@ int main(int argc, char** argv) {
   }
 
   const DType dt = dtype_s == "f32" ? DType::kF32 : DType::kBF16;
+  g = family == "4b" ? k4B : k9B;
   const fs::path root(out);
   const fs::path tok_src = tokenizer.empty() ? default_tok : fs::path(tokenizer);
   const int64_t max_shard = max_shard_mb * 1000 * 1000;
@@ -695,7 +706,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: written in %.1f s (%.0f MB/s)\n", c.name, dtc, bytes / 1e6 / std::max(dtc, 1e-9));
   }
 
-  st = write_json(root / "model_index.json", model_index());
+  st = write_json(root / "model_index.json", model_index(family == "9b-kv"));
   if (!st.ok()) return fail(st);
   const double dt_all = seconds_since(t0);
   std::fprintf(stderr, "done: %s, %.2f GB of weights in %.1f s (%d threads, seed %llu, %s)\n", root.string().c_str(),

@@ -100,6 +100,10 @@ enum class Variant {
                // name contains "base")
   kDistilled,  // the 4-step distilled model
   kBase,       // the undistilled base model: classifier-free guidance (scale 4.0) and 50 steps by default
+  kKv,         // the KV-cached reference-editing distill (klein 9B-KV, diffusers' Flux2KleinKVPipeline):
+               // distilled; an edit's references run once, in the first step, and every block's
+               // reference keys and values are cached for the later steps (a folder says it by its
+               // model_index.json class)
 };
 
 // How LoRAs change the model (docs/lora.md).
@@ -302,6 +306,7 @@ struct ModelInfo {
   std::string path, pipeline_class;
   std::string layout;          // "diffusers folder", "single file", "single files", "all-in-one checkpoint", …
   bool distilled = false;
+  bool kv = false;             // the KV-cached editing distill (Variant::kKv)
   std::string variant_source;  // what says `distilled` (model_index.json, --variant, the single-file default)
   std::vector<std::string> notes;
   std::vector<ComponentSummary> components;  // by name

@@ -61,7 +61,8 @@ typedef enum klein_backend {
 typedef enum klein_variant {
   KLEIN_VARIANT_AUTO = 0,      /* a folder's is_distilled; single files: distilled (default) */
   KLEIN_VARIANT_DISTILLED = 1,
-  KLEIN_VARIANT_BASE = 2       /* the base model: classifier-free guidance (4.0) and 50 steps by default */
+  KLEIN_VARIANT_BASE = 2,      /* the base model: classifier-free guidance (4.0) and 50 steps by default */
+  KLEIN_VARIANT_KV = 3         /* the KV-cached reference-editing distill (9B-KV): references cached at step 0 */
 } klein_variant;
 
 /* How LoRAs apply (klein.h LoraMode). */

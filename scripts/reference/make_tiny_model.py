@@ -22,6 +22,7 @@ Usage (from the repository root, with the oracle venv, see scripts/reference/REA
     python scripts/reference/make_tiny_model.py            # writes tests/data/tiny + copies
     python scripts/reference/make_tiny_model.py --out DIR  # somewhere else
     python scripts/reference/make_tiny_model.py --variant q4   # writes tests/data/tiny_q4 (below)
+    python scripts/reference/make_tiny_model.py --variant 9b   # writes tests/data/tiny_9b (below)
 
 Variants (--variant NAME) change some dimensions of the text encoder and the transformer and write
 ONLY text_encoder/ and transformer/ (to tests/data/tiny_<NAME>): the full model is tests/data/tiny
@@ -33,6 +34,10 @@ with those two folders replaced (same tokenizer, scheduler, VAE and model_index.
       models: text encoder hidden 8 (the vocabulary embedding, 151936 x hidden, dominates the
       size), 4 heads x head_dim 16 (o_proj in 64), intermediate 64 (down_proj in 64);
       transformer inner dim 4 x 16 = 64 (MLP 192, single to_out 256), joint_attention_dim 24.
+  9b: klein 9B's proportions: transformer 1 double + 3 single blocks (9B: 8 + 24), 4 heads x 8;
+      text encoder hidden 8 with 4 query heads per kv head (Qwen3-8B's grouping), MLP 3x hidden;
+      joint_attention_dim 24 = 3 x 8, so the 4B-shaped tiny encoder (hidden 16) does not pair with it.
+      scripts/reference/dump_9b_reference.py completes the folder (model_index.json and links).
 """
 
 import argparse
@@ -155,6 +160,15 @@ SCHEDULER_CONFIG = dict(
 
 # Dimension overrides of the variants (see the module docstring).
 VARIANTS = {
+    # klein 9B's proportions (transformer 8 double + 24 single blocks, 32 heads; Qwen3-8B: 4 query
+    # heads per kv head, MLP 3x hidden) at tiny size, with a text width of its own so that pairing
+    # it with the 4B-shaped tiny encoder (hidden 16) is the wrong combination it is in real life.
+    "9b": dict(
+        text_encoder=dict(hidden_size=8, intermediate_size=24, num_attention_heads=4, num_key_value_heads=1,
+                          head_dim=8),
+        transformer=dict(num_layers=1, num_single_layers=3, num_attention_heads=4, attention_head_dim=8,
+                         axes_dims_rope=(2, 2, 2, 2), joint_attention_dim=24),  # inner 32 = 4 x 8; 24 = 3 x 8
+    ),
     "q4": dict(
         text_encoder=dict(hidden_size=8, intermediate_size=64, head_dim=16),
         transformer=dict(num_attention_heads=4, joint_attention_dim=24),  # inner 64 = 4 x 16; 24 = 3 x 8

@@ -144,6 +144,7 @@ klein_status klein_model_open(const char* path, const klein_load_params* params,
     o.vae = p.vae ? p.vae : "";
     o.variant = p.variant == KLEIN_VARIANT_BASE        ? klein::Variant::kBase
                 : p.variant == KLEIN_VARIANT_DISTILLED ? klein::Variant::kDistilled
+                : p.variant == KLEIN_VARIANT_KV        ? klein::Variant::kKv
                                                        : klein::Variant::kAuto;
     o.verify_manifest = p.verify_manifest ? p.verify_manifest : "";
     if (p.num_loras < 0 || (p.num_loras > 0 && !p.lora_paths))

@@ -410,12 +410,19 @@ Result<Layout> resolve_layout(const LayoutRequest& req) {
   const ComponentSpec* dit = l.transformer.spec ? &*l.transformer.spec : nullptr;
   if (l.folder && (!dit || dit->from_folder)) {
     l.distilled = l.folder->is_distilled();
-    l.variant_source = "model_index.json is_distilled";
+    l.kv = l.folder->pipeline_class() == "Flux2KleinKVPipeline";
+    l.variant_source = l.kv ? "model_index.json Flux2KleinKVPipeline" : "model_index.json is_distilled";
+    const std::string index = (l.folder->root() / "model_index.json").string();
     if (req.variant == Variant::kDistilled && !l.distilled)
-      return invalid_argument("--variant distilled: " + (l.folder->root() / "model_index.json").string() +
-                              " says is_distilled false (a base model)");
+      return invalid_argument("--variant distilled: " + index + " says is_distilled false (a base model)");
+    if (req.variant == Variant::kKv && !l.kv)
+      return invalid_argument("--variant kv: " + index + " names pipeline \"" + l.folder->pipeline_class() +
+                              "\", not Flux2KleinKVPipeline (the KV variant is its own distill)");
+    if (l.kv && !l.distilled)
+      return unsupported(index + ": a Flux2KleinKVPipeline with is_distilled false (the KV variant is a distill)");
   } else if (req.variant != Variant::kAuto) {
-    l.distilled = req.variant == Variant::kDistilled;
+    l.distilled = req.variant != Variant::kBase;
+    l.kv = req.variant == Variant::kKv;
     l.variant_source = "--variant";
   } else {
     l.distilled = true;

@@ -58,6 +58,7 @@ struct Layout {
   std::filesystem::path tokenizer;     // a tokenizer folder or tokenizer.json; empty: the built-in one
   Status tokenizer_error;              // a tokenizer model_index.json names but the folder lacks
   bool distilled = true;
+  bool kv = false;                     // the KV-cached editing distill (Flux2KleinKVPipeline, --variant kv)
   std::string variant_source;          // where `distilled` comes from ("model_index.json is_distilled",
                                        // "--variant", "default for single files")
   std::vector<std::string> notes;      // one line each, for the caller's log (e.g. "base" in a file name)

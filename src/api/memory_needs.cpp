@@ -129,6 +129,11 @@ MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Fl
   // Inpainting: the source's packed latents, the packed noise and the re-noised source [N, 128]
   // each, and the mask's weights (its tokens are counted in ref_tokens as the first reference).
   if (r.inpaint) n.dit_activations += 3 * N * dit.in_channels * kF + N * kF;
+  // The KV variant: its cache (Flux2KvCache::bytes_for) lives through the denoising; the first step
+  // is the full-width call above, the later ones narrower.
+  if (r.kv && r.ref_tokens > 0)
+    n.dit_activations +=
+        Flux2KvCache::bytes_for(r.ref_tokens, dit.num_layers + dit.num_single_layers, dit.inner_dim(), r.kv_bf16);
 
   // VAE decode: about three activations of the widest full-resolution block (Flux2Vae::tile_size),
   // the image, and the latent-level activations kept whole while tiling.

@@ -38,6 +38,8 @@ struct RequestShape {
   bool editing = false;
   bool cfg = false;               // classifier-free guidance: negative embeddings, a second velocity
   bool inpaint = false;           // inpainting / image-to-image: the source's tokens, noise and mask kept
+  bool kv = false;                // the KV variant: the references' keys and values of every block
+  bool kv_bf16 = false;           // ... stored as bf16 (fast)
 };
 MemoryNeeds estimate_needs(const WeightSizes& w, const Qwen3Config& te, const Flux2Config& dit,
                            const Flux2VaeConfig& vae, const RequestShape& r);

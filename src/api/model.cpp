@@ -123,6 +123,8 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.editing = ref_tokens > 0;
   r.inpaint = inpaint;
   r.cfg = cfg;
+  r.kv = kv;
+  r.kv_bf16 = options.precision == Precision::kFast;
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
   // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
@@ -288,7 +290,10 @@ Result<Tensor> Model::Impl::denoise(const Tensor& embeds, const Tensor* uncond, 
     KLEIN_ASSIGN_OR_RETURN(neg, TextCondition::make(ctx.be(), *uncond, "the negative prompt embeddings"));
   }
   std::unique_ptr<Predictor> predictor;
-  if (neg)
+  Flux2KvCache kv_cache;  // the references' keys and values (KV variant), for this image's steps
+  if (kv && !neg)
+    predictor = std::make_unique<KvPredictor>(*m, cond, kv_cache, options.precision == Precision::kFast);
+  else if (neg)
     predictor = std::make_unique<CfgPredictor>(*m, cond, *neg, guidance_scale);
   else
     predictor = std::make_unique<PlainPredictor>(*m, cond);
@@ -348,11 +353,14 @@ Result<std::unique_ptr<Model>> Model::open(const std::string& path, const LoadOp
     if (l.folder) {
       const ModelFolder& f = *l.folder;
       const std::string index = (f.root() / "model_index.json").string();
-      if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline")
-        return unsupported(index + ": pipeline \"" + f.pipeline_class() + "\" (klein.cpp runs Flux2KleinPipeline models)");
+      if (!f.pipeline_class().empty() && f.pipeline_class() != "Flux2KleinPipeline" &&
+          f.pipeline_class() != "Flux2KleinKVPipeline")
+        return unsupported(index + ": pipeline \"" + f.pipeline_class() +
+                           "\" (klein.cpp runs Flux2KleinPipeline and Flux2KleinKVPipeline models)");
     }
     // Base models (is_distilled false, or --variant base for files) run classifier-free guidance.
     m->distilled = l.distilled;
+    m->kv = l.kv;
     KLEIN_RETURN_IF_ERROR(l.complete());
     if (!options.verify_manifest.empty())
       KLEIN_RETURN_IF_ERROR(api::verify_layout(l, options.verify_manifest, options.threads));

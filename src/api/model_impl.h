@@ -44,6 +44,9 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   // The variant (layout.distilled, or --variant base): base models run classifier-free
   // guidance and default to 50 steps, distilled ones to 4 with no guidance.
   bool distilled = true;
+  // The KV-cached editing distill (layout.kv): an edit's first step runs the references and caches
+  // their keys and values (KvPredictor).
+  bool kv = false;
 
   // With a memory budget: the weights' sizes (measured at open) and the running phase's plan
   // (scratch of the phase that holds `mu`; the Model is otherwise immutable after open).

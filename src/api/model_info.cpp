@@ -125,6 +125,7 @@ ModelInfo describe(const api::Layout& l, const std::string& path) {
   info.path = path.empty() ? l.given : path;
   info.layout = l.kind;
   info.distilled = l.distilled;
+  info.kv = l.kv;
   info.variant_source = l.variant_source;
   info.notes = l.notes;
   const ModelFolder* f = l.folder ? &*l.folder : nullptr;

@@ -109,6 +109,9 @@ struct [[gnu::visibility("hidden")]] Session::Impl {
     if (latents) return invalid_argument("Session::set_init_image: the source image must be set before the first denoise");
     if (inpaint) return invalid_argument("Session::set_init_image: a source image was already set for this session");
     if (in.empty()) return invalid_argument("Session::set_init_image: no source image (a path or encoded bytes)");
+    if (m->kv)  // diffusers has no inpainting pipeline for the KV distill; its references are cached
+      return unsupported("inpainting / image-to-image: " + m->path +
+                         " is a Flux2KleinKVPipeline (9B-KV) model, which edits with references only");
     const double st = in.strength < 0 ? kInpaintDefaultStrength : in.strength;
     if (!(st > 0 && st <= 1))
       return invalid_argument("strength " + format_scale(in.strength) + ": must be in (0, 1] (1: start from pure noise)");

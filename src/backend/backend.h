@@ -163,6 +163,22 @@ class Backend {
   virtual Status gather_rows(const Weight& table, const std::vector<int32_t>& ids, const TensorView& out) = 0;
   // True if every element of x is finite.
   virtual Result<bool> all_finite(const TensorView& x) = 0;
+
+  // ---- compact storage (a default composition through the host; backends may do it in place)
+  // dst [R, C] holds src [R, 2C] rounded to bf16 (round to nearest even), two values per float
+  // slot: what a cache kept for later calls (the KV variant's reference keys and values) needs of
+  // memory, half of float32's.
+  virtual Status pack_bf16(const TensorView& src, const TensorView& dst);
+  // dst [R, 2C] = the bf16 values of a pack_bf16 result src [R, C], as float32.
+  virtual Status unpack_bf16(const TensorView& src, const TensorView& dst);
 };
+
+// The row conversions behind pack_bf16 / unpack_bf16 (src row of 2C floats <-> C packed slots),
+// shared by the backends that do them in host memory.
+namespace bf16_pack {
+void pack_row(const float* src, float* dst, int64_t C);
+void unpack_row(const float* src, float* dst, int64_t C);
+Status check(const char* op, const TensorView& wide, const TensorView& packed);
+}  // namespace bf16_pack
 
 }  // namespace klein

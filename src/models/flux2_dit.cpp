@@ -272,4 +272,10 @@ void Flux2Transformer::for_each_block_weight(int i, const std::function<void(con
     if (r.block == i && r.weight) fn(*r.weight);
 }
 
+uint64_t Flux2KvCache::bytes() const {
+  uint64_t n = 0;
+  for (const Tensor& t : layers) n += static_cast<uint64_t>(t.numel()) * sizeof(float);  // packed or not
+  return n;
+}
+
 }  // namespace klein

@@ -70,6 +70,41 @@ struct Flux2Config {
   int64_t inner_dim_ = 0, mlp_hidden_dim_ = 0;
 };
 
+// The reference keys and values of the KV-cached editing variant (diffusers' Flux2KVCache, for
+// Flux2KleinKVPipeline): per block in run order (double blocks, then single blocks), the
+// references' post-RoPE keys and values (K | V, 2D values per token), stored by an "extract" call
+// and read by "cached" calls: float32 [R, 2D], or rounded to bf16 and packed two to a float slot
+// [R, D] (Backend::pack_bf16: half the memory; the `fast` precision's choice). They depend on the
+// references alone (reference queries attend to reference keys only, under their own
+// fixed-timestep modulation), so one cache serves every step, seed and prompt of a request.
+struct Flux2KvCache {
+  int64_t ref_tokens = 0;
+  bool bf16 = false;
+  std::vector<Tensor> layers;
+  bool filled() const { return ref_tokens > 0 && !layers.empty(); }
+  uint64_t bytes() const;
+  // Bytes of a cache of `ref_tokens` for this many blocks of width D.
+  static uint64_t bytes_for(int64_t ref_tokens, int64_t blocks, int64_t D, bool bf16 = false) {
+    return static_cast<uint64_t>(ref_tokens) * static_cast<uint64_t>(2 * D) * (bf16 ? 2u : 4u) *
+           static_cast<uint64_t>(blocks);
+  }
+};
+
+// How a forward call uses a Flux2KvCache.
+//   kExtract: the image tokens are [R reference tokens; the noise tokens] (references FIRST, their
+//     ids likewise); the references are modulated at `ref_timestep` (diffusers' ref_fixed_timestep,
+//     0: clean) and attend to themselves only; every block stores their keys and values in `cache`.
+//     The output is the noise tokens' (out_tokens counts those).
+//   kCached: the image tokens are the noise tokens alone; every block's keys and values are
+//     [text, cached references, image].
+struct Flux2KvStep {
+  enum class Mode { kExtract, kCached } mode = Mode::kExtract;
+  int64_t ref_tokens = 0;  // kExtract: R
+  float ref_timestep = 0.0f;
+  Flux2KvCache* cache = nullptr;
+  bool bf16 = false;  // kExtract: store the cache as packed bf16
+};
+
 // RoPE cos/sin tables [T + N, head_dim] for a forward's [text; image] tokens (Flux2Transformer::rope).
 struct Flux2Rope {
   Tensor cos, sin;
@@ -137,10 +172,12 @@ class Flux2Transformer {
   // once per step: 1-4 % of a 256² q8 step here); null: fresh from the backend.
   // `rope`: the RoPE tables of these ids, made once by rope() (a denoising loop makes them once
   // per request: they depend on the position ids only); null: made here. Either way the same bits.
+  // `kv`: the KV-cached editing variant's extract or cached call (Flux2KvStep); null: the plain forward.
   Result<Tensor> forward(const Tensor& img, const Tensor& txt, float timestep, const Flux2Ids& img_ids,
                          const Flux2Ids& txt_ids, const RunContext& ctx,
                          std::optional<float> guidance = std::nullopt, int64_t out_tokens = -1,
-                         BufferPool* work = nullptr, const Flux2Rope* rope = nullptr) const;
+                         BufferPool* work = nullptr, const Flux2Rope* rope = nullptr,
+                         const Flux2KvStep* kv = nullptr) const;
   // The RoPE tables forward uses for [text; image] tokens with these ids, on `be`'s device.
   Result<Flux2Rope> rope(const Flux2Ids& img_ids, const Flux2Ids& txt_ids, Backend& be) const;
 

@@ -53,6 +53,44 @@ Result<Tensor> CfgPredictor::predict(const Tensor& model_in, float t, int64_t N,
   return v;
 }
 
+Result<Tensor> KvPredictor::predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids,
+                                    const RunContext& ctx, BufferPool* work) {
+  const int64_t S_ref = model_in.dim(0) - N;
+  if (S_ref == 0) return plain_.predict(model_in, t, N, img_ids, ctx, work);
+  Backend& be = ctx.be();
+  const int64_t C = model_in.dim(1);
+  Flux2KvStep kv;
+  kv.cache = cache_;
+  Tensor in;
+  Flux2Ids ids;
+  if (!cache_->filled()) {
+    // Extract: [references; noise], as the pipeline concatenates them (ids likewise).
+    kv.mode = Flux2KvStep::Mode::kExtract;
+    kv.ref_tokens = S_ref;
+    kv.bf16 = bf16_;
+    KLEIN_ASSIGN_OR_RETURN(in, be.alloc({S_ref + N, C}, "the transformer input"));
+    KLEIN_RETURN_IF_ERROR(be.copy(model_in.view().row_range(N, N + S_ref), in.view().row_range(0, S_ref)));
+    KLEIN_RETURN_IF_ERROR(be.copy(model_in.view().row_range(0, N), in.view().row_range(S_ref, S_ref + N)));
+    ids.assign(img_ids.begin() + N, img_ids.end());
+    ids.insert(ids.end(), img_ids.begin(), img_ids.begin() + N);
+  } else {
+    if (cache_->ref_tokens != S_ref)
+      return internal_error("KV cache of " + std::to_string(cache_->ref_tokens) + " reference tokens used with " +
+                            std::to_string(S_ref));
+    kv.mode = Flux2KvStep::Mode::kCached;
+    KLEIN_ASSIGN_OR_RETURN(in, be.alloc({N, C}, "the transformer input"));
+    KLEIN_RETURN_IF_ERROR(be.copy(model_in.view().row_range(0, N), in.view()));
+    ids.assign(img_ids.begin(), img_ids.begin() + N);
+    if (!cached_rope_) {
+      KLEIN_ASSIGN_OR_RETURN(cached_rope_, dit_->rope(ids, cond_->txt_ids, be));
+    }
+  }
+  const Flux2Rope* rope = kv.mode == Flux2KvStep::Mode::kCached ? &*cached_rope_ : nullptr;  // extract: once
+  KLEIN_ASSIGN_OR_RETURN(Tensor out, dit_->forward(in, *cond_->embeds, t / 1000.0f, ids, cond_->txt_ids, ctx,
+                                                   std::nullopt, N, work, rope, &kv));
+  return be.download(out);
+}
+
 Result<Tensor> run_denoise(Predictor& predictor, const ReferenceTokens& refs, Tensor noise, const Schedule& schedule,
                            const RunContext& ctx, const StepPreview* preview, const StepHooks* hooks) {
   const int64_t th = noise.dim(2), tw = noise.dim(3);

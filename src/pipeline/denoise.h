@@ -87,6 +87,31 @@ class CfgPredictor final : public Predictor {
   float scale_;
 };
 
+// The KV-cached editing distill (diffusers' Flux2KleinKVPipeline): the first call with reference
+// tokens is the transformer's "extract" call (references first, modulated at timestep 0, attending
+// to themselves only, their keys and values stored in `cache`); every later call runs only the
+// text and noise tokens against the cached keys and values. Without references, the plain call.
+// The cache depends on the references alone, so a filled one serves later images of a batch too.
+class KvPredictor final : public Predictor {
+ public:
+  // bf16_cache: store the cache as packed bf16 (half the memory; `fast`), else float32.
+  KvPredictor(const Flux2Transformer& dit, const TextCondition& cond, Flux2KvCache& cache, bool bf16_cache)
+      : dit_(&dit), cond_(&cond), cache_(&cache), bf16_(bf16_cache), plain_(dit, cond) {}
+  Result<Tensor> predict(const Tensor& model_in, float t, int64_t N, const Flux2Ids& img_ids, const RunContext& ctx,
+                         BufferPool* work) override;
+  // The plain call's tables; the cached calls' (text + noise tokens) are made at the first of them.
+  Status prepare(const Flux2Ids& img_ids, const RunContext& ctx) override { return plain_.prepare(img_ids, ctx); }
+  int calls_per_step() const override { return 1; }
+
+ private:
+  const Flux2Transformer* dit_;
+  const TextCondition* cond_;
+  Flux2KvCache* cache_;
+  bool bf16_;
+  PlainPredictor plain_;                  // no references
+  std::optional<Flux2Rope> cached_rope_;  // the cached calls' RoPE tables
+};
+
 // Hooks around every step i (0-based), all optional; an error stops the loop with it.
 struct StepHooks {
   // Before the prediction, on the latents [N, 128] (packed): e.g. an img2img or inpainting start.

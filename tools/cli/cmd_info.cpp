@@ -74,8 +74,10 @@ Command make_info_command() {
     std::printf("model      %s\n", m->path.c_str());
     std::printf("layout     %s\n", m->layout.c_str());
     if (!m->pipeline_class.empty()) std::printf("pipeline   %s\n", m->pipeline_class.c_str());
-    std::printf("variant    %s (%s)%s\n", m->distilled ? "distilled" : "base", m->variant_source.c_str(),
-                m->distilled ? ": 4 steps, no CFG" : ": 50 steps, classifier-free guidance 4.0 by default");
+    std::printf("variant    %s (%s)%s\n", m->kv ? "kv" : m->distilled ? "distilled" : "base", m->variant_source.c_str(),
+                m->kv          ? ": 4 steps, no CFG, references' keys and values cached after the first step"
+                : m->distilled ? ": 4 steps, no CFG"
+                               : ": 50 steps, classifier-free guidance 4.0 by default");
     print_notes(m->notes);
     for (const auto& ci : m->components) {
       if (ci.class_name.empty()) std::printf("\n[%s]\n", ci.name.c_str());  // not in model_index.json

@@ -161,10 +161,11 @@ void ModelArgs::add(CLI::App* s, const char* model_help) {
                 "VAE .safetensors or .gguf file (BFL ae.safetensors / ComfyUI flux2-vae LDM names, or diffusers names); replaces "
                 "--model's or supplies it");
   s->add_option("--variant", variant,
-                "distilled or base: what single files hold (they do not say; a diffusers folder's model_index.json "
-                "does). Default: distilled, with a note when a file name contains 'base'. base: classifier-free "
-                "guidance (--guidance-scale, default 4.0) and 50 steps by default")
-      ->check(CLI::IsMember({"distilled", "base"}));
+                "distilled, base or kv: what single files hold (they do not say; a diffusers folder's "
+                "model_index.json does). Default: distilled, with a note when a file name contains 'base'. base: "
+                "classifier-free guidance (--guidance-scale, default 4.0) and 50 steps by default. kv: the 9B-KV "
+                "editing distill (references run once, their keys and values cached for the later steps)")
+      ->check(CLI::IsMember({"distilled", "base", "kv"}));
   s->add_option("--verify", verify,
                 "Check the files against this manifest (from `klein manifest`) first: the same files, sizes and "
                 "SHA-256; any difference is an error before anything loads");
@@ -175,7 +176,10 @@ void ModelArgs::apply(LoadOptions& lo) const {
   lo.text_encoder = text_encoder;
   lo.vae = vae;
   lo.verify_manifest = verify;
-  lo.variant = variant == "base" ? Variant::kBase : variant == "distilled" ? Variant::kDistilled : Variant::kAuto;
+  lo.variant = variant == "base"        ? Variant::kBase
+               : variant == "distilled" ? Variant::kDistilled
+               : variant == "kv"        ? Variant::kKv
+                                        : Variant::kAuto;
 }
 
 void LoraArgs::add(CLI::App* s) {

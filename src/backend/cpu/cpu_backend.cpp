@@ -473,6 +473,25 @@ Status CpuBackend::copy(const TensorView& src, const TensorView& dst) {
   return Status::Ok();
 }
 
+// In place, parallel over rows (the default composition would copy twice).
+Status CpuBackend::pack_bf16(const TensorView& src, const TensorView& dst) {
+  KLEIN_RETURN_IF_ERROR(bf16_pack::check("pack_bf16", src, dst));
+  const int64_t C = dst.cols();
+  pool_.parallel_for(src.rows(), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) bf16_pack::pack_row(src.f32() + r * src.ld(), dst.f32() + r * dst.ld(), C);
+  });
+  return Status::Ok();
+}
+
+Status CpuBackend::unpack_bf16(const TensorView& src, const TensorView& dst) {
+  KLEIN_RETURN_IF_ERROR(bf16_pack::check("unpack_bf16", dst, src));
+  const int64_t C = src.cols();
+  pool_.parallel_for(src.rows(), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) bf16_pack::unpack_row(src.f32() + r * src.ld(), dst.f32() + r * dst.ld(), C);
+  });
+  return Status::Ok();
+}
+
 Status CpuBackend::transpose(const TensorView& src, const TensorView& dst, bool accumulate) {
   KLEIN_RETURN_IF_ERROR(check_mat("transpose", "src", src));
   KLEIN_RETURN_IF_ERROR(check_mat("transpose", "dst", dst));

@@ -66,6 +66,8 @@ class CpuBackend final : public Backend {
                      bool per_row) override;
 
   Status copy(const TensorView& src, const TensorView& dst) override;
+  Status pack_bf16(const TensorView& src, const TensorView& dst) override;
+  Status unpack_bf16(const TensorView& src, const TensorView& dst) override;
   Status transpose(const TensorView& src, const TensorView& dst, bool accumulate) override;
   Status gather_rows(const Weight& table, const std::vector<int32_t>& ids, const TensorView& out) override;
   Result<bool> all_finite(const TensorView& x) override;
