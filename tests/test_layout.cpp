@@ -29,7 +29,7 @@ fs::path single(const std::string& name) { return testing::data_dir() / "single_
 fs::path tiny_dir() { return testing::tiny_model_dir(); }
 std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 
-struct Layout {
+struct FileLayout {
   const char* name;
   std::string model;
   LoadOptions options;
@@ -43,7 +43,7 @@ LoadOptions files(const fs::path& dit, const fs::path& te, const fs::path& vae) 
   return o;
 }
 
-std::vector<Layout> single_file_layouts() {
+std::vector<FileLayout> single_file_layouts() {
   LoadOptions bfl, comfy;
   bfl.diffusion_model = single("tiny-flux2-bfl.safetensors").string();
   comfy.diffusion_model = single("tiny-flux2-bfl-comfy.safetensors").string();
@@ -164,7 +164,7 @@ TEST(Layout, TokenizerBesideTheModelFileWins) {
 
 // ---- the same image from every layout ------------------------------------------------------------
 
-class SameImage : public ::testing::TestWithParam<Layout> {};
+class SameImage : public ::testing::TestWithParam<FileLayout> {};
 
 TEST_P(SameImage, ApiGivesTheFoldersImageAndLatents) {
   auto ref = Model::open(tiny_dir().string());
@@ -203,7 +203,7 @@ TEST_P(SameImage, CliGivesTheFoldersImage) {
   const std::string common = " -q -W 64 -H 48 --seed 11 --prompt 'a red cube on a table' --threads 2";
   auto r = run_cli("generate --model " + q(tiny_dir()) + common + " -o " + q(dir / "want.png"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const Layout& l = GetParam();
+  const FileLayout& l = GetParam();
   std::string args;
   if (!l.model.empty()) args += " --model " + q(l.model);
   if (!l.options.diffusion_model.empty()) args += " --diffusion-model " + q(l.options.diffusion_model);
