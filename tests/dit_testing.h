@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -35,6 +37,20 @@ inline double max_rel_err(const std::vector<float>& a, const std::vector<float>&
     m = std::max(m, static_cast<double>(std::fabs(b[i])));
   }
   return m > 0 ? d / m : d;
+}
+
+// The share of equal bytes of two 8-bit pictures and their largest difference ({0, 255} when the
+// sizes differ or nothing was read, so a missing picture fails the bounds).
+inline std::pair<double, int> u8_agreement(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size() || a.empty()) return {0.0, 255};
+  size_t diff = 0;
+  int maxd = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const int d = std::abs(static_cast<int>(a[i]) - static_cast<int>(b[i]));
+    diff += d != 0;
+    maxd = std::max(maxd, d);
+  }
+  return {1.0 - static_cast<double>(diff) / a.size(), maxd};
 }
 
 // An [n, 4] integer array (diffusers' img_ids / txt_ids) as position ids.

@@ -20,6 +20,7 @@
 namespace fs = std::filesystem;
 using klein::testing::max_rel_err;
 using klein::testing::must_read_f32;
+using klein::testing::u8_agreement;
 
 // A named namespace: in a unity batch, other test files' anonymous helpers (cases(), ref_dir(), ...)
 // share the compiler run.
@@ -61,19 +62,6 @@ std::vector<InpaintCase> cases() {
     r.push_back(std::move(b));
   }
   return r;
-}
-
-// The share of equal bytes of two 8-bit pictures and their largest difference.
-std::pair<double, int> u8_agreement(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  if (a.size() != b.size() || a.empty()) return {0.0, 255};
-  size_t diff = 0;
-  int maxd = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const int d = std::abs(static_cast<int>(a[i]) - static_cast<int>(b[i]));
-    diff += d != 0;
-    maxd = std::max(maxd, d);
-  }
-  return {1.0 - static_cast<double>(diff) / a.size(), maxd};
 }
 
 class InpaintRef : public ::testing::TestWithParam<InpaintCase> {};

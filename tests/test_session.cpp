@@ -108,15 +108,8 @@ TEST_P(BaseModelRef, MatchesDiffusersWithGuidance) {
   EXPECT_LE(img_err, 1e-4) << "float image";
   auto u8 = klein::read_npy(ref / "image_u8.npy");
   ASSERT_TRUE(u8.ok());
-  ASSERT_EQ(u8->bytes.size(), r->image.rgb.size());
-  size_t diff = 0;
-  int maxd = 0;
-  for (size_t i = 0; i < u8->bytes.size(); ++i) {
-    const int d = std::abs(static_cast<int>(u8->bytes[i]) - static_cast<int>(r->image.rgb[i]));
-    diff += d != 0;
-    maxd = std::max(maxd, d);
-  }
-  EXPECT_GE(1.0 - static_cast<double>(diff) / u8->bytes.size(), 0.999);
+  const auto [equal, maxd] = klein::testing::u8_agreement(u8->bytes, r->image.rgb);
+  EXPECT_GE(equal, 0.999);
   EXPECT_LE(maxd, 1);
   fs::remove_all(dump);
 }
