@@ -356,3 +356,17 @@ TEST(Cli, DefaultPrecisionIsFastAndThePngNamesIt) {
   EXPECT_NE(b.find(fp32_chunk), std::string::npos);
   fs::remove_all(dir);
 }
+
+// `klein info` ends with what one request needs (the planner behind --max-memory), for the size
+// and references given; a malformed --ref-size is one clear error.
+TEST(Cli, InfoShowsWhatARequestNeeds) {
+  auto r = run_cli("info --model " + model() + " -W 256 -H 128 --ref-size 64x64");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[request] 256x128: 128 image tokens, 1 reference(s) of 16 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fastest    memory plan: text encoder whole, transformer whole"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("smallest   memory plan:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(--max-memory "), std::string::npos) << r.out;
+  r = run_cli("info --model " + model() + " --ref-size 64by64");
+  EXPECT_EQ(r.exit_code, 2);  // a usage error
+  EXPECT_NE(r.err.find("--ref-size 64by64: expected WIDTHxHEIGHT"), std::string::npos) << r.err;
+}

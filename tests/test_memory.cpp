@@ -372,3 +372,76 @@ TEST(HostMemory, TensorPagesBecomeResidentOnlyWhenWritten) {
     }
   }
 }
+
+// Model::estimate_memory: the planner's figures for a request shape, before any work. The
+// smallest budget it names runs the request; a budget well below it is refused before any work.
+TEST(MemoryEstimate, SmallestBudgetRunsAndLessIsRefused) {
+  klein::LoadOptions lo;
+  lo.threads = 2;
+  auto probe = klein::Model::open(tiny(), lo);
+  ASSERT_TRUE(probe.ok()) << probe.status().to_string();
+  klein::RequestSize rs;
+  rs.width = small_request().width;
+  rs.height = small_request().height;
+  auto e = (*probe)->estimate_memory(rs);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(e->width, 48);
+  EXPECT_EQ(e->height, 32);
+  EXPECT_EQ(e->image_tokens, 3 * 2);
+  EXPECT_EQ(e->reference_tokens, 0);
+  EXPECT_FALSE(e->guidance);
+  EXPECT_GT(e->minimum_bytes, 0u);
+  EXPECT_LE(e->minimum_bytes, e->resident_bytes);
+  EXPECT_NE(e->resident_plan.find("transformer whole"), std::string::npos) << e->resident_plan;
+  probe->reset();
+  const double margin = 32.0 / 1024;  // GiB: the process grows a little between the calls
+  lo.max_memory_gib = static_cast<double>(e->minimum_bytes) / (1ull << 30) + margin;
+  auto ok = klein::Model::open(tiny(), lo);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  auto r = (*ok)->generate(small_request());
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  ok->reset();
+  lo.max_memory_gib = static_cast<double>(e->minimum_bytes) / (1ull << 30) - margin;
+  auto low = klein::Model::open(tiny(), lo);
+  ASSERT_TRUE(low.ok()) << low.status().to_string();
+  r = (*low)->generate(small_request());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), klein::Code::kOutOfMemory) << r.status().to_string();
+}
+
+// References, guidance and the default size count as generate counts them; bad shapes are errors.
+TEST(MemoryEstimate, ReferencesGuidanceAndDefaults) {
+  auto m = klein::Model::open(tiny());
+  ASSERT_TRUE(m.ok());
+  klein::RequestSize rs;
+  auto plain = (*m)->estimate_memory(rs);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->width, 1024);  // the tiny model's VAE says sample_size 1024, as the real ones
+  EXPECT_EQ(plain->image_tokens, 64 * 64);
+  rs.references = {{512, 256}, {64, 64}};
+  auto edit = (*m)->estimate_memory(rs);
+  ASSERT_TRUE(edit.ok()) << edit.status().to_string();
+  EXPECT_EQ(edit->width, 512);  // the first reference's size
+  EXPECT_EQ(edit->height, 256);
+  EXPECT_EQ(edit->reference_tokens, 32 * 16 + 4 * 4);
+  rs.references = {{0, 10}};
+  EXPECT_FALSE((*m)->estimate_memory(rs).ok());
+  rs.references.clear();
+  rs.inpaint = true;
+  auto bad = (*m)->estimate_memory(rs);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("source"), std::string::npos) << bad.status().to_string();
+
+  auto base = klein::Model::open((klein::testing::data_dir() / "tiny_base").string());
+  ASSERT_TRUE(base.ok()) << base.status().to_string();
+  klein::RequestSize b;
+  b.width = b.height = 64;
+  auto cfg = (*base)->estimate_memory(b);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_TRUE(cfg->guidance);
+  b.guidance_scale = 1.0;
+  auto plain_base = (*base)->estimate_memory(b);
+  ASSERT_TRUE(plain_base.ok());
+  EXPECT_FALSE(plain_base->guidance);
+  EXPECT_GE(cfg->resident_bytes + (1u << 20), plain_base->resident_bytes);  // CFG never needs less
+}

@@ -313,6 +313,25 @@ struct ModelInfo {
   int errors = 0;                         // components with a non-empty error
 };
 
+// The shape of a request, for Model::estimate_memory.
+struct RequestSize {
+  int width = 0, height = 0;  // 0: as generate resolves it (the first reference's, else the model's native size)
+  std::vector<std::pair<int, int>> references;  // each reference image's size in pixels, before preprocessing
+  bool inpaint = false;                         // inpainting / image-to-image (the source kept beside the latents)
+  double guidance_scale = -1;                   // as GenerateRequest (< 0: the model's default)
+};
+
+// What one request needs in memory (Model::estimate_memory). Bytes; every figure includes the
+// process as it is (code, tokenizer, what is mapped) and the kernels' scratch for the threads.
+struct MemoryEstimate {
+  int width = 0, height = 0;           // the output size the request resolves to
+  int64_t image_tokens = 0, reference_tokens = 0;
+  bool guidance = false;               // classifier-free guidance: two predictions per step
+  uint64_t resident_bytes = 0;         // the fastest plan's peak: nothing streamed, one whole-image decode
+  uint64_t minimum_bytes = 0;          // the smallest max_memory_gib budget any plan fits in (to 1 MiB)
+  std::string resident_plan, minimum_plan;  // each plan in one line (which parts stream, the phases' peaks)
+};
+
 // A FLUX.2 [klein] pipeline opened from a diffusers folder. Calls on one Model are serialised
 // (a second thread waits); use one Model per thread for parallel requests.
 class KLEIN_API Model {
@@ -364,6 +383,9 @@ class KLEIN_API Model {
   Result<TokenizeResult> tokenize(const std::string& text, bool chat_template = false, int max_length = 0) const;
   // Reads the safetensors headers (file I/O) for parameter counts and sizes.
   Result<ModelInfo> info() const;
+  // What a request of this shape needs in memory, from the weights' sizes (file headers) and
+  // the shapes alone, as max_memory_gib plans it: nothing is loaded or run.
+  Result<MemoryEstimate> estimate_memory(const RequestSize& request) const;
   const LoadOptions& load_options() const;
   // Notes from opening, one line each, for the caller to show (e.g. a single file whose name
   // suggests a base model, run as distilled).

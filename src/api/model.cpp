@@ -111,11 +111,8 @@ VaeTiling Model::Impl::vae_tiling() const {
   return t;
 }
 
-Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
-                                 const std::function<void(const std::string&)>& log, bool encode_only, bool cfg,
-                                 bool inpaint) const {
-  plan.reset();
-  if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
+api::MemoryNeeds Model::Impl::needs_for(const api::WeightSizes& w, int width, int height, int64_t ref_tokens,
+                                        bool encode_only, bool cfg, bool inpaint) const {
   api::RequestShape r;
   r.width = width;
   r.height = height;
@@ -126,7 +123,7 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   r.kv = kv;
   r.kv_bf16 = options.precision == Precision::kFast;
   r.threads = options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  api::MemoryNeeds n = api::estimate_needs(*sizes, te_cfg, dit_cfg, vae_cfg, r);
+  api::MemoryNeeds n = api::estimate_needs(w, te_cfg, dit_cfg, vae_cfg, r);
   // The process as it is now (code, tokenizer; with kResident the mapped, untouched models) and
   // the allocator's slack. Free heap memory the allocator kept (the CLI keeps up to 256 MiB, and a
   // server's earlier requests leave some) is returned first, so that it is not counted as in use.
@@ -137,6 +134,15 @@ Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
   n.resident = options.memory == MemoryPolicy::kResident;
   n.vae_forced_tile = options.vae_tile;
   n.encode_only = encode_only;
+  return n;
+}
+
+Status Model::Impl::plan_request(int width, int height, int64_t ref_tokens,
+                                 const std::function<void(const std::string&)>& log, bool encode_only, bool cfg,
+                                 bool inpaint) const {
+  plan.reset();
+  if (options.max_memory_gib <= 0 || !sizes) return Status::Ok();
+  const api::MemoryNeeds n = needs_for(*sizes, width, height, ref_tokens, encode_only, cfg, inpaint);
   KLEIN_ASSIGN_OR_RETURN(auto p, api::plan_memory(n, static_cast<uint64_t>(options.max_memory_gib * (1ull << 30))));
   if (api::plan_adjuster()) api::plan_adjuster()(p);
   if (log) log(p.summary());
@@ -149,8 +155,11 @@ Result<Model::Impl::Geometry> Model::Impl::resolve(int width, int height, int st
   if (width < 0 || height < 0) return invalid_argument("width and height must be positive");
   Geometry g;
   // Each dimension on its own, as the pipeline's `height = height or image_height`.
-  g.width = width > 0 ? width : (first_ref ? first_ref->first : 1024);
-  g.height = height > 0 ? height : (first_ref ? first_ref->second : 1024);
+  // Without a reference: diffusers' 1024, which is what every FLUX.2 VAE config's sample_size says;
+  // a model made for another size (the shapes demo: 128) declares it there.
+  const int native = static_cast<int>(vae_cfg.sample_size);
+  g.width = width > 0 ? width : (first_ref ? first_ref->first : native);
+  g.height = height > 0 ? height : (first_ref ? first_ref->second : native);
   if (g.width < 16 || g.height < 16) return invalid_argument("width and height must be at least 16 pixels");
   if (g.width > 8192 || g.height > 8192) return invalid_argument("width and height must be at most 8192 pixels");
   if (g.width % 16 || g.height % 16) {

@@ -69,6 +69,9 @@ struct [[gnu::visibility("hidden")]] Model::Impl {
   // cfg: the request runs classifier-free guidance (a second prediction, negative embeddings).
   Status plan_request(int width, int height, int64_t ref_tokens, const std::function<void(const std::string&)>& log,
                       bool encode_only = false, bool cfg = false, bool inpaint = false) const;
+  // What such a request needs (the process as it is now included), from the weights' sizes `w`.
+  api::MemoryNeeds needs_for(const api::WeightSizes& w, int width, int height, int64_t ref_tokens, bool encode_only,
+                             bool cfg, bool inpaint) const;
   // The VAE's tiling from the load options (and the plan).
   VaeTiling vae_tiling() const;
 

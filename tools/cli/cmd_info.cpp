@@ -1,5 +1,6 @@
 // `klein info`: what a model folder holds — components, classes, config dims, dtypes, sizes —
 // and, with --cpu, what this CPU offers the kernels.
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -32,6 +33,21 @@ std::string human_count(double n) {
   return buf;
 }
 
+// "1024x768" -> {1024, 768}.
+bool parse_size(const std::string& s, std::pair<int, int>* out) {
+  const auto x = s.find('x');
+  if (x == std::string::npos) return false;
+  try {
+    size_t a = 0, b = 0;
+    const int w = std::stoi(s.substr(0, x), &a), h = std::stoi(s.substr(x + 1), &b);
+    if (a != x || b != s.size() - x - 1 || w < 1 || h < 1 || w > 65536 || h > 65536) return false;
+    *out = {w, h};
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 Command make_info_command() {
@@ -39,6 +55,9 @@ Command make_info_command() {
     ModelArgs ma;
     bool cpu = false;
     std::string isa;
+    int width = 0, height = 0;
+    std::vector<std::string> refs;
+    double guidance = -1;
   };
   auto o = std::make_shared<Opts>();
   Command c;
@@ -49,6 +68,11 @@ Command make_info_command() {
     s->add_flag("--cpu", o->cpu, "Describe this CPU and the kernel klein.cpp chooses per op and weight format (the exact precision fp32, and what the default precision fast changes)");
     s->add_option("--isa", o->isa,
                   "With --cpu: the kernels chosen under this ISA ceiling (scalar, avx2, avx512, ...; one this CPU has)");
+    s->add_option("--width,-W", o->width, "With a model: the request whose memory needs are shown has this width (default: the model's native size)")
+        ->check(CLI::Range(16, 8192));
+    s->add_option("--height,-H", o->height, "... and this height")->check(CLI::Range(16, 8192));
+    s->add_option("--ref-size", o->refs, "... and a reference image of this size, WxH in pixels (repeatable)");
+    s->add_option("--guidance-scale", o->guidance, "... and this guidance scale (base models: > 1 runs CFG; default 4.0)");
     return s;
   };
   c.run = [o]() -> int {
@@ -111,7 +135,32 @@ Command make_info_command() {
         std::printf("    %-8s %s parameters in %zu tensors, %s\n", d.dtype.c_str(), human_count(d.parameters).c_str(),
                     d.tensors, human_bytes(static_cast<double>(d.bytes)).c_str());
     }
-    return m->errors ? 1 : 0;
+    if (m->errors) return 1;
+    // What one request needs in memory: the planner behind --max-memory, nothing loaded or run.
+    RequestSize rs;
+    rs.width = o->width;
+    rs.height = o->height;
+    rs.guidance_scale = o->guidance;
+    for (const auto& r : o->refs) {
+      std::pair<int, int> wh;
+      if (!parse_size(r, &wh)) return fail(invalid_argument("--ref-size " + r + ": expected WIDTHxHEIGHT, e.g. 1024x768"));
+      rs.references.push_back(wh);
+    }
+    auto model = Model::open(o->ma.model, lo);
+    if (!model.ok()) return fail(model.status());
+    auto est = (*model)->estimate_memory(rs);
+    if (!est.ok()) return fail(est.status());
+    std::printf("\n[request] %dx%d: %lld image tokens", est->width, est->height,
+                static_cast<long long>(est->image_tokens));
+    if (est->reference_tokens)
+      std::printf(", %zu reference(s) of %lld tokens", rs.references.size(),
+                  static_cast<long long>(est->reference_tokens));
+    std::printf("%s\n", est->guidance ? ", classifier-free guidance" : "");
+    std::printf("  fastest    %s\n", est->resident_plan.c_str());
+    std::printf("  smallest   %s\n", est->minimum_plan.c_str());
+    std::printf("             (--max-memory %.2f or more runs it)\n",
+                std::ceil(static_cast<double>(est->minimum_bytes) / (1ull << 30) * 100) / 100);
+    return 0;
   };
   return c;
 }
