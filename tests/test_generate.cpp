@@ -163,6 +163,45 @@ TEST(TextToImage, NonFiniteResultIsAnErrorNotAPicture) {
   fs::remove_all(dir);
 }
 
+// Without a size (and without references) the output takes the VAE config's sample_size: 1024 in
+// every FLUX.2 file (diffusers' default), another size for a model made for it; and a bad
+// sample_size is one clear error naming the file.
+TEST(TextToImage, DefaultSizeIsTheVaesSampleSize) {
+  const fs::path dir = klein::testing::make_temp_dir("native_size");
+  fs::copy(klein::testing::tiny_model_dir(), dir / "m", fs::copy_options::recursive);
+  const fs::path cfg = dir / "m" / "vae" / "config.json";
+  auto j = klein::read_json_file(cfg);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ((*j)["sample_size"], 1024);  // the tiny model keeps the real value
+  auto write = [&](const nlohmann::json& v) {
+    (*j)["sample_size"] = v;
+    std::ofstream(cfg) << j->dump(1);
+  };
+  write(48);
+  {
+    auto model = klein::Model::open((dir / "m").string());
+    ASSERT_TRUE(model.ok()) << model.status().to_string();
+    klein::GenerateRequest g;
+    g.prompt = "a";
+    g.steps = 1;
+    auto r = (*model)->generate(g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->image.width, 48);
+    EXPECT_EQ(r->image.height, 48);
+    g.width = 32;  // one given dimension: the other stays native
+    r = (*model)->generate(g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->image.width, 32);
+    EXPECT_EQ(r->image.height, 48);
+  }
+  write(4);
+  auto bad = klein::Model::open((dir / "m").string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sample_size"), std::string::npos) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("vae"), std::string::npos) << bad.status().to_string();
+  fs::remove_all(dir);
+}
+
 TEST(Editing, BadReferenceFailsBeforeModelWork) {
   auto dir = klein::testing::make_temp_dir("edit_bad");
   auto out = dir / "out.png";

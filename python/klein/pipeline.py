@@ -363,7 +363,8 @@ class Flux2KleinPipeline:
 
         prompt: a str or a list of str (or prompt_embeds [B, T, D] instead).
         image: reference image(s) for editing (paths, bytes, uint8 arrays, PIL images).
-        height, width: output size (None: the first reference's, else 1024; floored to 16).
+        height, width: output size (None: the first reference's, else the model's native size, its
+            VAE config's sample_size: 1024 for FLUX.2, 128 for the demo model; floored to 16).
         num_inference_steps: None: the model's default (4 distilled, 50 base).
         guidance_scale: classifier-free guidance for base models (None: 4.0); distilled ignore it.
         negative_prompt: guidance's unconditional prompt (default "", as diffusers).

@@ -72,6 +72,9 @@ Result<Flux2VaeConfig> Flux2VaeConfig::from_json(const nlohmann::json& j, const 
   KLEIN_ASSIGN_OR_RETURN(c.use_quant_conv, json_bool(j, "use_quant_conv", where, true));
   KLEIN_ASSIGN_OR_RETURN(c.use_post_quant_conv, json_bool(j, "use_post_quant_conv", where, true));
   KLEIN_ASSIGN_OR_RETURN(c.batch_norm_eps, json_number(j, "batch_norm_eps", where, 1e-4));
+  if (j.contains("sample_size") && j["sample_size"].is_number_integer()) {  // may be a list: then ignored
+    KLEIN_ASSIGN_OR_RETURN(c.sample_size, json_int(j, "sample_size", where, 1024));
+  }
   KLEIN_ASSIGN_OR_RETURN(auto act, json_string(j, "act_fn", where, std::string("silu")));
   if (act != "silu") return unsupported(where + ": act_fn \"" + act + "\" (only silu)");
   if (j.contains("patch_size") && !j["patch_size"].is_null()) {
@@ -88,6 +91,8 @@ Result<Flux2VaeConfig> Flux2VaeConfig::from_json(const nlohmann::json& j, const 
       c.norm_num_groups <= 0)
     return format_error(where + ": non-positive dimension in the VAE config");
   if (!(c.batch_norm_eps >= 0)) return format_error(where + ": negative batch_norm_eps");
+  if (c.sample_size < 16 || c.sample_size > 8192)
+    return format_error(where + ": sample_size " + std::to_string(c.sample_size) + " is outside 16..8192");
   if (c.block_out_channels.size() > 8 || c.decoder_block_out_channels.size() > 8)
     return unsupported(where + ": more than 8 VAE blocks");
   if (c.decoder_block_out_channels.size() != c.block_out_channels.size())

@@ -41,6 +41,9 @@ struct Flux2VaeConfig {
   bool use_quant_conv = true;
   bool use_post_quant_conv = true;
   double batch_norm_eps = 1e-4;
+  // The picture size the VAE was made for (AutoencoderKL's `sample_size`): 1024 in every FLUX.2
+  // file; klein's default output size when a request gives none (128 for the shapes demo model).
+  int64_t sample_size = 1024;
   // GroupNorm eps of every ResNet / attention / output norm: fixed in diffusers' Encoder and
   // Decoder (resnet_eps=1e-6, conv_norm_out eps=1e-6), not a config key.
   double norm_eps = 1e-6;

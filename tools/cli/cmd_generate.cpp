@@ -42,9 +42,9 @@ Command make_generate_command() {
         ->excludes(prompt)
         ->excludes(pfile);
     s->add_option("-o,--output", o->out, "Output PNG path")->required();
-    s->add_option("--width,-W", o->width, "Image width in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
+    s->add_option("--width,-W", o->width, "Image width in pixels (default: the first reference's, else the model's native size: its VAE config's sample_size, 1024 for FLUX.2 files, 128 for the demo model; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
-    s->add_option("--height,-H", o->height, "Image height in pixels (default: the first reference's, else 1024; floored to a multiple of 16)")
+    s->add_option("--height,-H", o->height, "Image height in pixels (default: the first reference's, else the model's native size, as --width; floored to a multiple of 16)")
         ->check(CLI::Range(16, 8192));
     s->add_option("--steps", o->steps, "Denoising steps (default: 4 for distilled models, 50 for base models)")
         ->check(CLI::Range(1, 1000));

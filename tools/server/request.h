@@ -18,7 +18,7 @@ namespace klein::server {
 struct JobSpec {
   std::string prompt;
   int n = 1;
-  int width = 0, height = 0;  // 0: the default (1024, or the first reference's size)
+  int width = 0, height = 0;  // 0: the default (the first reference's size, else the model's native size)
   int steps = 0;              // 0: the model's default
   uint64_t seed = 0;          // image i uses seed + i
   double guidance_scale = -1; // base models' classifier-free guidance (< 0: the default 4.0)
