@@ -525,3 +525,31 @@ TEST(Lora, Cli) {
 
 }  // namespace
 }  // namespace klein
+
+namespace klein {
+
+// The one-call klein::generate takes LoRAs too: the same picture as Model::open with them.
+TEST(LoraOneShot, GenerateOptionsCarryLoras) {
+  const fs::path dump = testing::make_temp_dir("lora_oneshot");
+  GenerateOptions o;
+  o.model_dir = testing::tiny();
+  o.prompt = "A cat holding a sign that says hello world";
+  o.width = o.height = 64;
+  o.steps = 4;
+  o.seed = 42;
+  o.threads = 2;
+  o.precision = Precision::kFp32;
+  o.loras.push_back({(lora_dir() / "lora_diffusers.safetensors").string(), 0.5f});
+  o.dump_dir = dump.string();
+  o.dump_filter = "latents_final";
+  auto r = generate(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_LE(max_rel_err(must_read_f32(dump / "latents_final.npy"),
+                        must_read_f32(lora_dir() / "diffusers_s05" / "latents_final.npy")),
+            1e-5);
+  o.loras = {{(lora_dir() / "missing.safetensors").string(), 1.0f}};
+  EXPECT_EQ(generate(o).status().code(), Code::kNotFound);
+  fs::remove_all(dump);
+}
+
+}  // namespace klein

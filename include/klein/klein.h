@@ -477,9 +477,13 @@ class KLEIN_API Session {
 struct GenerateOptions {
   std::string model_dir;        // diffusers folder with model_index.json
   std::string prompt;
-  int width = 0;                // 0: 1024, or the first reference's processed width
-  int height = 0;               // 0: 1024, or the first reference's processed height
+  int width = 0;                // 0: the first reference's processed width, else the model's native size
+  int height = 0;               // 0: the first reference's processed height, else the model's native size
   int steps = 0;                // 0: 4 for distilled models, 50 otherwise
+  double guidance_scale = -1;   // as GenerateRequest: base models run CFG at > 1 (< 0: 4.0); distilled ignore it
+  std::string negative_prompt;  // CFG's negative prompt (base models; default "")
+  std::vector<LoraSpec> loras;  // as LoadOptions::loras: applied in order to the transformer and text encoder
+  LoraMode lora_mode = LoraMode::kAuto;
   uint64_t seed = 0;
   std::string noise_npy;        // if set: initial noise (1, 128, H/16, W/16) from this .npy
   bool bf16_noise = false;      // draw the noise as torch does for a bfloat16 pipeline

@@ -20,6 +20,8 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
     lo.threads = opt.threads;
     lo.precision = opt.precision;
     lo.memory = MemoryPolicy::kLow;
+    lo.loras = opt.loras;
+    lo.lora_mode = opt.lora_mode;
     KLEIN_ASSIGN_OR_RETURN(auto model, Model::open(opt.model_dir, lo));
     GenerateRequest req;
     req.prompt = opt.prompt;
@@ -27,6 +29,8 @@ Result<GenerateResult> generate(const GenerateOptions& opt) {
     req.height = opt.height;
     req.steps = opt.steps;
     req.seed = opt.seed;
+    req.guidance_scale = opt.guidance_scale;
+    req.negative_prompt = opt.negative_prompt;
     req.noise_npy = opt.noise_npy;
     req.bf16_noise = opt.bf16_noise;
     req.reference_images = opt.reference_images;
