@@ -393,8 +393,10 @@ TEST(MemoryEstimate, SmallestBudgetRunsAndLessIsRefused) {
   EXPECT_GT(e->minimum_bytes, 0u);
   EXPECT_LE(e->minimum_bytes, e->resident_bytes);
   EXPECT_NE(e->resident_plan.find("transformer whole"), std::string::npos) << e->resident_plan;
+  if (klein::testing::kAddressSanitizer || klein::testing::kThreadSanitizer)
+    GTEST_SKIP() << "the runs below compare budgets with RSS, which a sanitizer's allocator changes";
   probe->reset();
-  const double margin = 32.0 / 1024;  // GiB: the process grows a little between the calls
+  const double margin = 64.0 / 1024;  // GiB: the process changes a little between the calls
   lo.max_memory_gib = static_cast<double>(e->minimum_bytes) / (1ull << 30) + margin;
   auto ok = klein::Model::open(tiny(), lo);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
