@@ -478,3 +478,33 @@ TEST(CApi, ExampleProgramWritesA64x64Png) {
   EXPECT_NE(slurp(dir / "log").find("denoise"), std::string::npos);
   fs::remove_all(dir);
 }
+
+// klein_model_estimate_memory: the C side of Model::estimate_memory, with the same figures.
+TEST(CApi, EstimateMemory) {
+  klein_error err;
+  klein_model* model = nullptr;
+  ASSERT_EQ(klein_model_open(tiny().c_str(), nullptr, &model, &err), KLEIN_OK) << err.message;
+  klein_memory_estimate e;
+  const int refs[] = {512, 256, 64, 64};
+  ASSERT_EQ(klein_model_estimate_memory(model, 0, 0, refs, 2, -1, &e, &err), KLEIN_OK) << err.message;
+  EXPECT_EQ(e.width, 512);
+  EXPECT_EQ(e.height, 256);
+  EXPECT_EQ(e.image_tokens, 32 * 16);
+  EXPECT_EQ(e.reference_tokens, 32 * 16 + 4 * 4);
+  EXPECT_EQ(e.guidance, 0);
+  EXPECT_GT(e.minimum_bytes, 0u);
+  EXPECT_LE(e.minimum_bytes, e.resident_bytes);
+  auto cpp = klein::Model::open(tiny());
+  ASSERT_TRUE(cpp.ok());
+  klein::RequestSize rs;
+  rs.references = {{512, 256}, {64, 64}};
+  auto want = (*cpp)->estimate_memory(rs);
+  ASSERT_TRUE(want.ok());
+  // The same planner on a process of nearly the same size (a second model's tokenizer more).
+  EXPECT_NEAR(static_cast<double>(e.resident_bytes), static_cast<double>(want->resident_bytes), 256.0 * (1 << 20));
+  EXPECT_EQ(klein_model_estimate_memory(model, 0, 0, nullptr, 1, -1, &e, &err), KLEIN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("ref_sizes"), std::string::npos) << err.message;
+  EXPECT_EQ(klein_model_estimate_memory(model, 0, 0, nullptr, 0, -1, nullptr, &err), KLEIN_INVALID_ARGUMENT);
+  EXPECT_EQ(klein_model_estimate_memory(nullptr, 0, 0, nullptr, 0, -1, &e, &err), KLEIN_INVALID_ARGUMENT);
+  klein_model_free(model);
+}

@@ -118,7 +118,7 @@ typedef struct klein_load_params {
 
 typedef struct klein_generate_params {
   const char* prompt;     /* required unless prompt_embeds_npy is set; then it must be NULL */
-  int width, height;  /* 0: the first reference's size, else 1024; floored to multiples of 16 */
+  int width, height;  /* 0: the first reference's size, else the model's native size (1024); multiples of 16 */
   int steps;          /* 0: 4 */
   uint64_t seed;
   const char* noise_npy;  /* NULL or a .npy with the initial noise (1, 128, H/16, W/16) */
@@ -157,7 +157,7 @@ typedef struct klein_session_params {
 } klein_session_params;
 
 typedef struct klein_denoise_params {
-  int width, height;  /* 0: the first reference's size, else 1024; floored to multiples of 16 */
+  int width, height;  /* 0: the first reference's size, else the model's native size (1024); multiples of 16 */
   int steps;          /* 0: 4 for distilled models, 50 for base models */
   uint64_t seed;
   int bf16_noise;     /* non-zero: draw the noise as a bfloat16 torch pipeline does */
@@ -176,6 +176,21 @@ KLEIN_API klein_status klein_model_open(const char* path, const klein_load_param
 KLEIN_API klein_status klein_model_generate(klein_model* model, const klein_generate_params* params,
                                             klein_image** out, klein_error* err);
 KLEIN_API void klein_model_free(klein_model* model);
+
+/* What one request needs in memory (klein.h Model::estimate_memory): the planner behind
+   max_memory_gib, from the weights' sizes and the shapes alone (nothing loaded or run). */
+typedef struct klein_memory_estimate {
+  int width, height;              /* the output size the request resolves to */
+  int64_t image_tokens, reference_tokens;
+  int guidance;                   /* non-zero: classifier-free guidance (two predictions a step) */
+  uint64_t resident_bytes;        /* the fastest plan's peak: nothing streamed, one whole-image decode */
+  uint64_t minimum_bytes;         /* the smallest max_memory_gib budget (in bytes) any plan fits in */
+} klein_memory_estimate;
+/* width/height 0: the first reference's size, else the model's native size; ref_sizes: num_refs
+   (width, height) pairs in pixels (NULL when num_refs is 0); guidance_scale < 0: the default. */
+KLEIN_API klein_status klein_model_estimate_memory(klein_model* model, int width, int height, const int* ref_sizes,
+                                                   int num_refs, double guidance_scale, klein_memory_estimate* out,
+                                                   klein_error* err);
 
 /* A session on `model` (which must outlive it; other sessions may use the model in between).
    params may be NULL. Phases in order: encode_prompt, set_references (optional), denoise, decode;

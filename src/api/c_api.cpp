@@ -211,6 +211,28 @@ klein_status klein_model_generate(klein_model* model, const klein_generate_param
 
 void klein_model_free(klein_model* model) { delete model; }
 
+klein_status klein_model_estimate_memory(klein_model* model, int width, int height, const int* ref_sizes, int num_refs,
+                                         double guidance_scale, klein_memory_estimate* out, klein_error* err) {
+  const klein::Status s = klein::api::guarded("klein_model_estimate_memory", [&]() -> klein::Status {
+    if (!out) return klein::invalid_argument("klein_model_estimate_memory: out is NULL");
+    *out = klein_memory_estimate{};
+    if (!model || !model->model) return klein::invalid_argument("klein_model_estimate_memory: model is NULL");
+    if (num_refs < 0 || (num_refs > 0 && !ref_sizes))
+      return klein::invalid_argument("klein_model_estimate_memory: ref_sizes does not hold num_refs pairs");
+    klein::RequestSize rs;
+    rs.width = width;
+    rs.height = height;
+    rs.guidance_scale = guidance_scale;
+    for (int i = 0; i < num_refs; ++i) rs.references.emplace_back(ref_sizes[2 * i], ref_sizes[2 * i + 1]);
+    auto e = model->model->estimate_memory(rs);
+    if (!e.ok()) return e.status();
+    *out = klein_memory_estimate{e->width, e->height, e->image_tokens, e->reference_tokens, e->guidance ? 1 : 0,
+                                 e->resident_bytes, e->minimum_bytes};
+    return klein::Status::Ok();
+  });
+  return report(s, err);
+}
+
 klein_status klein_session_create(klein_model* model, const klein_session_params* params, klein_session** out,
                                   klein_error* err) {
   const klein::Status s = klein::api::guarded("klein_session_create", [&]() -> klein::Status {
