@@ -371,7 +371,32 @@ NB_MODULE(_klein, m) {
                                   [&](const klein::Callbacks& cb) { return p.model->decode(l, cb); });
             return image_array(take(std::move(r)));
           },
-          "latents"_a, "progress"_a = nb::none(), "log"_a = nb::none());
+          "latents"_a, "progress"_a = nb::none(), "log"_a = nb::none())
+      .def(
+          "estimate_memory",
+          [](const PyModel& p, int width, int height, const std::vector<std::pair<int, int>>& references,
+             double guidance_scale, bool inpaint) {
+            klein::RequestSize rs;
+            rs.width = width;
+            rs.height = height;
+            rs.references = references;
+            rs.guidance_scale = guidance_scale;
+            rs.inpaint = inpaint;
+            auto e = take(p.model->estimate_memory(rs));
+            nb::dict d;
+            d["width"] = e.width;
+            d["height"] = e.height;
+            d["image_tokens"] = e.image_tokens;
+            d["reference_tokens"] = e.reference_tokens;
+            d["guidance"] = e.guidance;
+            d["resident_bytes"] = e.resident_bytes;
+            d["minimum_bytes"] = e.minimum_bytes;
+            d["resident_plan"] = py_str(e.resident_plan);
+            d["minimum_plan"] = py_str(e.minimum_plan);
+            return d;
+          },
+          "width"_a = 0, "height"_a = 0, "references"_a = std::vector<std::pair<int, int>>{},
+          "guidance_scale"_a = -1.0, "inpaint"_a = false);
 
   nb::class_<PySession>(m, "Session")
       .def(

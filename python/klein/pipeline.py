@@ -301,6 +301,22 @@ class Flux2KleinPipeline:
         """A Session on this model: encode once, denoise and decode several times."""
         return Session(self, guidance_scale=guidance_scale, negative_prompt=negative_prompt)
 
+    def estimate_memory(
+        self,
+        *,
+        height: Optional[int] = None,
+        width: Optional[int] = None,
+        image_sizes: Sequence[Tuple[int, int]] = (),
+        guidance_scale: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """What one call of this shape needs in memory, before anything loads: a dict with the
+        output size, image/reference tokens, whether CFG runs, ``resident_bytes`` (the fastest
+        plan's peak) and ``minimum_bytes`` (the smallest ``max_memory`` budget, in bytes, that runs
+        it), and each plan in one line. ``image_sizes``: each reference image's (width, height)."""
+        return dict(self._model.estimate_memory(
+            width=width or 0, height=height or 0, references=[(int(w), int(h)) for w, h in image_sizes],
+            guidance_scale=-1.0 if guidance_scale is None else float(guidance_scale)))
+
     # ---- encode_prompt ---------------------------------------------------------------------
 
     def encode_prompt(

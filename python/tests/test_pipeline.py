@@ -135,3 +135,16 @@ def test_quantize_and_compare(pipe: klein.Flux2KleinPipeline, tmp_path: pathlib.
     assert isinstance(arr, klein.ArrayComparison) and arr.max_abs == 1 and arr.numel == 4
     with pytest.raises(klein.InvalidArgumentError):  # the output exists
         klein.quantize(TINY, q8)
+
+
+def test_estimate_memory_before_anything_loads(pipe: klein.Flux2KleinPipeline) -> None:
+    e = pipe.estimate_memory(image_sizes=[(512, 256), (64, 64)])
+    assert (e["width"], e["height"]) == (512, 256)  # the first reference's size
+    assert e["reference_tokens"] == 32 * 16 + 4 * 4
+    assert e["guidance"] is False
+    assert 0 < e["minimum_bytes"] <= e["resident_bytes"]
+    assert "transformer whole" in e["resident_plan"]
+    plain = pipe.estimate_memory(height=64, width=48)
+    assert (plain["width"], plain["height"], plain["image_tokens"]) == (48, 64, 12)
+    with pytest.raises(klein.InvalidArgumentError):
+        pipe.estimate_memory(image_sizes=[(0, 10)])
