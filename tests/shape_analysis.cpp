@@ -29,6 +29,7 @@ constexpr double kTriangleExtent = 0.69; // triangle 0.5, circle 0.785, square 1
 constexpr double kSquareExtent = 0.85;   // between circle 0.785 and square 1 (blur rounds corners)
 constexpr double kSpeckFraction = 0.2;   // components under this share of the largest are specks
 constexpr int kMinArea = 6;              // and those under this many pixels
+constexpr int kMargin = 2;               // the outermost pixels are never foreground
 constexpr double kSplitAspect = 1.5;     // a component this much wider than tall is shapes that touch
 
 uint8_t median(std::vector<uint8_t>& v) {
@@ -130,12 +131,13 @@ SceneAnalysis analyze_scene(const uint8_t* rgb, int width, int height, const std
       }
   auto px = [&](int i, int c) { return smooth[3 * i + c]; };
 
-  // Background: the per-channel median of a two-pixel frame (no shape reaches the border).
+  // Background: the per-channel median of the frame 2 to 4 pixels in from the border (shapes
+  // stay clear of it, and a decoder's outermost pixels may be off).
   {
     std::array<std::vector<uint8_t>, 3> border;
     for (int y = 0; y < H; ++y)
       for (int x = 0; x < W; ++x)
-        if (x < 2 || y < 2 || x >= W - 2 || y >= H - 2)
+        if (const int edge = std::min({x, y, W - 1 - x, H - 1 - y}); edge >= kMargin && edge < kMargin + 3)
           for (int c = 0; c < 3; ++c) border[c].push_back(rgb[3 * (y * W + x) + c]);
     for (int c = 0; c < 3; ++c) s.background[c] = median(border[c]);
   }
@@ -177,7 +179,8 @@ SceneAnalysis analyze_scene(const uint8_t* rgb, int width, int height, const std
     double a = 0;
     for (int c = 0; c < 3; ++c) a += (px(i, c) - bg[c]) * axis[c];
     alpha[i] = std::clamp(a / len2, 0.0, 1.0);
-    mask[i] = alpha[i] >= 0.5;
+    const int x = i % W, y = i / W;
+    mask[i] = alpha[i] >= 0.5 && std::min({x, y, W - 1 - x, H - 1 - y}) >= kMargin;
   }
 
   // Connected components of the mask, 4-connected (the background is then 8-connected).

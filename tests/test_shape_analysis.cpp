@@ -168,7 +168,10 @@ TEST(ShapeAnalysis, ChangedScenesAreCaught) {
       if (other.name == p.colour || other.name == p.background) continue;
       std::vector<uint8_t> rgb = img.rgb;
       double axis[3], len2 = 0;
-      for (int c = 0; c < 3; ++c) len2 += (axis[c] = a.foreground[c] - a.background[c]) * axis[c];
+      for (int c = 0; c < 3; ++c) {
+        axis[c] = a.foreground[c] - a.background[c];
+        len2 += axis[c] * axis[c];
+      }
       for (size_t i = 0; i < rgb.size(); i += 3) {
         double t = 0;
         for (int c = 0; c < 3; ++c) t += (img.rgb[i + c] - a.background[c]) * axis[c];
