@@ -29,6 +29,9 @@ constexpr double kTriangleExtent = 0.69; // triangle 0.5, circle 0.785, square 1
 constexpr double kSquareExtent = 0.85;   // between circle 0.785 and square 1 (blur rounds corners)
 constexpr double kSpeckFraction = 0.2;   // components under this share of the largest are specks
 constexpr int kMinArea = 6;              // and those under this many pixels
+constexpr int kNear = 3;                 // pixels this close to a standing-out one are not background
+constexpr int kWindow = 20;              // the local background: a (2 kWindow + 1)^2 window
+constexpr double kMinBackground = 40;    // background pixels a window needs (else the global one)
 constexpr int kMargin = 2;               // the outermost pixels are never foreground
 constexpr double kSplitAspect = 1.5;     // a component this much wider than tall is shapes that touch
 
@@ -133,24 +136,70 @@ SceneAnalysis analyze_scene(const uint8_t* rgb, int width, int height, const std
 
   // Background: the per-channel median of the frame 2 to 4 pixels in from the border (shapes
   // stay clear of it, and a decoder's outermost pixels may be off).
+  std::vector<double> frame_dist;
   {
     std::array<std::vector<uint8_t>, 3> border;
+    std::vector<int> frame;
     for (int y = 0; y < H; ++y)
       for (int x = 0; x < W; ++x)
-        if (const int edge = std::min({x, y, W - 1 - x, H - 1 - y}); edge >= kMargin && edge < kMargin + 3)
+        if (const int edge = std::min({x, y, W - 1 - x, H - 1 - y}); edge >= kMargin && edge < kMargin + 3) {
+          frame.push_back(y * W + x);
           for (int c = 0; c < 3; ++c) border[c].push_back(rgb[3 * (y * W + x) + c]);
+        }
     for (int c = 0; c < 3; ++c) s.background[c] = median(border[c]);
+    for (int i : frame) {
+      double d2 = 0;
+      for (int c = 0; c < 3; ++c) d2 += (px(i, c) - s.background[c]) * (px(i, c) - s.background[c]);
+      frame_dist.push_back(std::sqrt(d2));
+    }
   }
-  const double bg[3] = {double(s.background[0]), double(s.background[1]), double(s.background[2])};
+  auto distance = [&](int i, const double* b) {
+    double d2 = 0;
+    for (int c = 0; c < 3; ++c) d2 += (px(i, c) - b[c]) * (px(i, c) - b[c]);
+    return std::sqrt(d2);
+  };
 
-  // Foreground colour: the median of the pixels farthest from the background (the interiors,
+  // A generated background is not flat: the background of each pixel is the mean of the
+  // background pixels around it (a 41x41 window), those being the pixels not near any that
+  // stand out from the frame's median by more than the frame itself varies.
+  const double global_bg[3] = {double(s.background[0]), double(s.background[1]), double(s.background[2])};
+  const size_t p90 = frame_dist.size() * 9 / 10;
+  std::nth_element(frame_dist.begin(), frame_dist.begin() + p90, frame_dist.end());
+  const double stand_out = std::max(kCandidate, 2 * frame_dist[p90]);
+  std::vector<uint8_t> near(N, 0);
+  for (int i = 0; i < N; ++i)
+    if (distance(i, global_bg) > stand_out)
+      for (int dy = -kNear; dy <= kNear; ++dy)
+        for (int dx = -kNear; dx <= kNear; ++dx) {
+          const int x = i % W + dx, y = i / W + dy;
+          if (x >= 0 && y >= 0 && x < W && y < H) near[y * W + x] = 1;
+        }
+  // Integral images of the background pixels' count and channel sums.
+  std::vector<double> integral(static_cast<size_t>(W + 1) * (H + 1) * 4, 0.0);
+  auto at = [&](int x, int y, int k) -> double& { return integral[(static_cast<size_t>(y) * (W + 1) + x) * 4 + k]; };
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      const int i = y * W + x;
+      const double v[4] = {near[i] ? 0.0 : 1.0, near[i] ? 0 : px(i, 0), near[i] ? 0 : px(i, 1), near[i] ? 0 : px(i, 2)};
+      for (int k = 0; k < 4; ++k) at(x + 1, y + 1, k) = v[k] + at(x, y + 1, k) + at(x + 1, y, k) - at(x, y, k);
+    }
+  std::vector<double> bgmap(static_cast<size_t>(N) * 3);
+  for (int y = 0; y < H; ++y)
+    for (int x = 0; x < W; ++x) {
+      const int x0 = std::max(0, x - kWindow), x1 = std::min(W, x + kWindow + 1);
+      const int y0 = std::max(0, y - kWindow), y1 = std::min(H, y + kWindow + 1);
+      double sum[4];
+      for (int k = 0; k < 4; ++k) sum[k] = at(x1, y1, k) - at(x0, y1, k) - at(x1, y0, k) + at(x0, y0, k);
+      for (int c = 0; c < 3; ++c)
+        bgmap[3 * (y * W + x) + c] = sum[0] >= kMinBackground ? sum[c + 1] / sum[0] : global_bg[c];
+    }
+
+  // Foreground colour: the median of the pixels farthest from their background (the interiors,
   // not the anti-aliased edges), among those clearly off it.
   std::vector<double> dist(N);
   std::vector<double> far;
   for (int i = 0; i < N; ++i) {
-    double d2 = 0;
-    for (int c = 0; c < 3; ++c) d2 += (px(i, c) - bg[c]) * (px(i, c) - bg[c]);
-    dist[i] = std::sqrt(d2);
+    dist[i] = distance(i, &bgmap[3 * i]);
     if (dist[i] > kCandidate) far.push_back(dist[i]);
   }
   if (far.size() < static_cast<size_t>(kMinArea)) return s;
@@ -164,21 +213,25 @@ SceneAnalysis analyze_scene(const uint8_t* rgb, int width, int height, const std
         for (int c = 0; c < 3; ++c) fg[c].push_back(static_cast<uint8_t>(std::lround(px(i, c))));
     for (int c = 0; c < 3; ++c) s.foreground[c] = median(fg[c]);
   }
-  double axis[3], len2 = 0;
-  for (int c = 0; c < 3; ++c) {
-    axis[c] = s.foreground[c] - bg[c];
-    len2 += axis[c] * axis[c];
+  {
+    double d2 = 0;
+    for (int c = 0; c < 3; ++c) d2 += (s.foreground[c] - global_bg[c]) * (s.foreground[c] - global_bg[c]);
+    s.contrast = std::sqrt(d2);
   }
-  s.contrast = std::sqrt(len2);
   if (s.contrast < kMinContrast) return s;
 
-  // alpha: where a pixel lies between the background (0) and the foreground (1) colour.
+  // alpha: where a pixel lies between its background (0) and the foreground (1) colour.
   std::vector<double> alpha(N);
   std::vector<uint8_t> mask(N);
   for (int i = 0; i < N; ++i) {
-    double a = 0;
-    for (int c = 0; c < 3; ++c) a += (px(i, c) - bg[c]) * axis[c];
-    alpha[i] = std::clamp(a / len2, 0.0, 1.0);
+    const double* b = &bgmap[3 * i];
+    double a = 0, len2 = 0;
+    for (int c = 0; c < 3; ++c) {
+      const double axis = s.foreground[c] - b[c];
+      a += (px(i, c) - b[c]) * axis;
+      len2 += axis * axis;
+    }
+    alpha[i] = len2 > 0 ? std::clamp(a / len2, 0.0, 1.0) : 0.0;
     const int x = i % W, y = i / W;
     mask[i] = alpha[i] >= 0.5 && std::min({x, y, W - 1 - x, H - 1 - y}) >= kMargin;
   }
@@ -420,6 +473,18 @@ std::vector<uint8_t> add_noise(const std::vector<uint8_t>& rgb, double sigma, un
     const double z = std::sqrt(-2 * std::log(u1)) * std::cos(2 * kPi * u2);
     out[i] = static_cast<uint8_t>(std::clamp(std::lround(rgb[i] + sigma * z), 0L, 255L));
   }
+  return out;
+}
+
+std::vector<uint8_t> add_shading(const std::vector<uint8_t>& rgb, int width, int height, double amplitude, int phase) {
+  std::vector<uint8_t> out(rgb.size());
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const size_t k = 3 * (static_cast<size_t>(y) * width + x) + c;
+        const double v = rgb[k] + amplitude * (std::sin(0.05 * x + c + phase) + std::cos(0.04 * y + 2 * c));
+        out[k] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+      }
   return out;
 }
 

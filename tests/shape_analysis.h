@@ -66,6 +66,9 @@ double hue_degrees(double r, double g, double b);
 // standard deviation per channel (clamped to 0..255).
 std::vector<uint8_t> box_blur(const std::vector<uint8_t>& rgb, int width, int height, int radius);
 std::vector<uint8_t> add_noise(const std::vector<uint8_t>& rgb, double sigma, unsigned seed);
+// Uneven lighting: amplitude * (sin(0.05 x + c + phase) + cos(0.04 y + 2 c)) added to channel c of
+// every pixel (background and shapes alike), clamped.
+std::vector<uint8_t> add_shading(const std::vector<uint8_t>& rgb, int width, int height, double amplitude, int phase);
 
 // tests/data/demo_check/prompts.json (written by scripts/train_demo/write_test_data.py from the
 // dataset's definitions): the test prompts with what each asks for, and the palette.

@@ -66,7 +66,7 @@ TEST(ShapeAnalysis, RenderedScenesReadAsTheirPrompts) {
   EXPECT_EQ(scenes_read_right([](const kt::RgbImage& im, int) { return im.rgb; }, "sharp"), n);
 }
 
-// A generative model's pictures have soft edges and some pixel noise.
+// A generative model's pictures have soft edges, some pixel noise and uneven backgrounds.
 TEST(ShapeAnalysis, BlurredAndNoisyScenesReadAsTheirPrompts) {
   ASSERT_TRUE(shape_data().error.empty()) << shape_data().error;
   const int n = static_cast<int>(shape_data().prompts.size());
@@ -80,6 +80,13 @@ TEST(ShapeAnalysis, BlurredAndNoisyScenesReadAsTheirPrompts) {
                   return kt::add_noise(kt::box_blur(im.rgb, im.width, im.height, 1), 8, 100 + i);
                 },
                 "blur 1 + noise 8"),
+            n);
+  EXPECT_EQ(scenes_read_right(
+                [](const kt::RgbImage& im, int i) {
+                  return kt::add_noise(kt::add_shading(kt::box_blur(im.rgb, im.width, im.height, 1), im.width,
+                                                       im.height, 10, i), 6, 200 + i);
+                },
+                "blur 1 + shading 10 + noise 6"),
             n);
 }
 
