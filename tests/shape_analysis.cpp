@@ -506,7 +506,8 @@ DemoCheckData load_demo_check() {
     }
     for (const auto& p : j.at("prompts"))
       d.prompts.push_back({p.at("prompt"), p.at("colour"), p.at("shape"), p.at("background"), p.at("count"),
-                           (data_dir() / "demo_check" / p.at("rendered").get<std::string>()).string()});
+                           (data_dir() / "demo_check" / p.at("rendered").get<std::string>()).string(),
+                           p.value("held_out_combo", false)});
   } catch (const std::exception& e) {
     d.error = path.string() + ": " + e.what();
   }

@@ -75,7 +75,8 @@ std::vector<uint8_t> add_shading(const std::vector<uint8_t>& rgb, int width, int
 struct DemoPrompt {
   std::string prompt, colour, shape, background;
   int count = 0;
-  std::string rendered;  // the renderer's drawing of the scene, a file beside prompts.json
+  std::string rendered;   // the renderer's drawing of the scene, a file beside prompts.json
+  bool held_out = false;  // a combination of colour, shape and count never in training
 };
 struct DemoCheckData {
   int size = 0;  // the demo model's native picture size
