@@ -117,6 +117,7 @@ double hue_degrees(double r, double g, double b) {
 SceneAnalysis analyze_scene(const uint8_t* rgb, int width, int height, const std::vector<PaletteColour>& palette) {
   SceneAnalysis s;
   const int W = width, H = height, N = W * H;
+  if (W < 2 * (kMargin + 3) || H < 2 * (kMargin + 3)) return s;  // no frame to take the background from
   // Everything below reads the picture through a 3x3 binomial filter ([1 2 1] x [1 2 1] / 16):
   // it takes the edge of a generated picture's pixel noise and changes a sharp edge by under a
   // pixel.

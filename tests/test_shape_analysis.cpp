@@ -136,19 +136,21 @@ TEST(ShapeAnalysis, ShapesDrawnFromTheirDefinitions) {
   const auto& pal = shape_data().palette;
   for (double r : {10.0, 18.0, 30.0}) {
     const double c = 64.3;
+    const auto tri = regular(c, c, r, 3, -std::numbers::pi / 2 + 0.1);
+    // A five-pointed star: the inner pentagon and the five tips on it.
+    const auto tips = regular(c, c, r, 5, -std::numbers::pi / 2);
+    const auto inner = regular(c, c, 0.45 * r, 5, -std::numbers::pi / 2 + std::numbers::pi / 5);
+    std::vector<std::vector<std::pair<double, double>>> star_tips;
+    for (int i = 0; i < 5; ++i) star_tips.push_back({inner[(i + 4) % 5], tips[i], inner[i]});
     std::map<std::string, std::function<bool(double, double)>> shapes = {
         {"circle", [&](double x, double y) { return std::hypot(x - c, y - c) <= r; }},
         {"ring", [&](double x, double y) { const double d = std::hypot(x - c, y - c); return d <= r && d >= 0.5 * r; }},
         {"square", [&](double x, double y) { return std::fabs(x - c) <= 0.85 * r && std::fabs(y - c) <= 0.85 * r; }},
-        {"triangle", [&](double x, double y) { return in_convex(regular(c, c, r, 3, -std::numbers::pi / 2 + 0.1), x, y); }},
+        {"triangle", [&](double x, double y) { return in_convex(tri, x, y); }},
         {"star", [&](double x, double y) {
-           // a five-pointed star: inside one of the five triangles from the centre to two
-           // neighbouring tips through the inner vertex between them, or the inner pentagon
-           const auto tips = regular(c, c, r, 5, -std::numbers::pi / 2), inner = regular(c, c, 0.45 * r, 5, -std::numbers::pi / 2 + std::numbers::pi / 5);
+           if (std::hypot(x - c, y - c) > r) return false;
            if (in_convex(inner, x, y)) return true;
-           for (int i = 0; i < 5; ++i)
-             if (in_convex({inner[(i + 4) % 5], tips[i], inner[i]}, x, y)) return true;
-           return false;
+           return std::any_of(star_tips.begin(), star_tips.end(), [&](const auto& t) { return in_convex(t, x, y); });
          }},
     };
     for (const auto& [name, inside] : shapes) {
