@@ -438,12 +438,15 @@ TEST(MemoryEstimate, ReferencesGuidanceAndDefaults) {
   ASSERT_TRUE(base.ok()) << base.status().to_string();
   klein::RequestSize b;
   b.width = b.height = 64;
-  auto cfg = (*base)->estimate_memory(b);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  EXPECT_TRUE(cfg->guidance);
   b.guidance_scale = 1.0;
   auto plain_base = (*base)->estimate_memory(b);
   ASSERT_TRUE(plain_base.ok());
   EXPECT_FALSE(plain_base->guidance);
-  EXPECT_GE(cfg->resident_bytes + (1u << 20), plain_base->resident_bytes);  // CFG never needs less
+  b.guidance_scale = -1;  // the base model's default, 4.0
+  auto cfg = (*base)->estimate_memory(b);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  EXPECT_TRUE(cfg->guidance);
+  // CFG never needs less. Each figure includes the process's RSS at its call, which moves a little
+  // between calls (more under ASan, whose allocator keeps freed memory): a slack for that.
+  EXPECT_GE(cfg->resident_bytes + (32u << 20), plain_base->resident_bytes);
 }
